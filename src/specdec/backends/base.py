@@ -1,0 +1,47 @@
+"""The backend protocol: a model plus its KV cache over ONE growing token sequence.
+
+``forward(token_ids)`` appends tokens to the cache and returns logits for every new
+position; ``truncate(n)`` keeps the first n cached positions and is the only rollback.
+The backend remembers which tokens its cache holds (``cached_token_ids``), so callers can
+reuse a shared prefix instead of re-running it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Backend(Protocol):
+    vocab_size: int  # width of the logits rows
+    eos_token_ids: frozenset[int]
+    tokenizer: Any | None  # something with encode/decode, or None
+    max_length: int | None  # positions the model supports, None if unbounded
+
+    @property
+    def cached_token_ids(self) -> Sequence[int]: ...
+
+    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Append ``token_ids`` to the cache; logits  # [len(token_ids), vocab_size] float32."""
+        ...
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` cached positions (0 <= n <= len(cached_token_ids))."""
+        ...
+
+
+def common_prefix_length(cached: Sequence[int], tokens: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences.
+
+    The usual case, the cache being a prefix of ``tokens``, is one C-speed list compare.
+    """
+    n = min(len(cached), len(tokens))
+    if list(cached[:n]) == list(tokens[:n]):
+        return n
+    for i in range(n):
+        if cached[i] != tokens[i]:
+            return i
+    return n

@@ -1,0 +1,67 @@
+"""User-facing configuration: validated, frozen dataclasses.
+
+Bad values raise ``ValueError`` naming the parameter and the fix, so the CLI and the
+server can show the message as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are chosen. ``temperature == 0`` means greedy (argmax).
+
+    ``top_k == 0`` and ``top_p == 1.0`` disable those filters. ``stop`` strings end the
+    output before the first occurrence of any of them. ``seed`` seeds the request's own
+    ``torch.Generator``; ``None`` draws a fresh seed.
+    """
+
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not self.temperature >= 0:  # also rejects NaN
+            raise ValueError(
+                f"temperature must be >= 0 (0 means greedy), got {self.temperature}"
+            )
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if any(not isinstance(s, str) or s == "" for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How speculation runs. ``k`` is the number of drafted tokens per round (the paper's
+    gamma, vLLM's num_speculative_tokens); ``k == 0`` is plain autoregressive decoding."""
+
+    k: int = 4
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int):
+            raise ValueError(f"k must be an integer >= 0, got {self.k!r}")
+        if self.k < 0:
+            raise ValueError(f"k must be >= 0 (0 disables speculation), got {self.k}")

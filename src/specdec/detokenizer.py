@@ -1,0 +1,68 @@
+"""Incremental text for a stream of token ids, with stop strings.
+
+Text that might still change is held back: a trailing U+FFFD (a multi-byte character
+split across tokens) and a suffix that could be the start of a stop string.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_INCOMPLETE = "\ufffd"
+
+
+class Detokenizer:
+    def __init__(self, tokenizer: Any | None, stop: tuple[str, ...] = ()):
+        if stop and tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: pass one to the target backend")
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.emitted_chars = 0
+
+    def decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def update(self, token_ids: list[int], num_new: int) -> tuple[int, str, bool]:
+        """``token_ids``: all generated ids, the last ``num_new`` of them new.
+
+        Returns (how many ids to keep, text to emit now, whether a stop string ended it).
+        """
+        text = self.decode(token_ids)
+        stop_at = self._find_stop(text)
+        if stop_at is not None:
+            keep = self._tokens_through_stop(token_ids, num_new)
+            return keep, self._emit(text[:stop_at]), True
+        return len(token_ids), self._emit(text[: self._visible_end(text)]), False
+
+    def flush(self, token_ids: list[int]) -> str:
+        """Everything not yet emitted, at the end of the output."""
+        return self._emit(self.decode(token_ids))
+
+    def _emit(self, visible: str) -> str:
+        delta = visible[self.emitted_chars :]
+        self.emitted_chars = max(self.emitted_chars, len(visible))
+        return delta
+
+    def _find_stop(self, text: str) -> int | None:
+        hits = [pos for pos in (text.find(s) for s in self.stop) if pos >= 0]
+        return min(hits) if hits else None
+
+    def _tokens_through_stop(self, token_ids: list[int], num_new: int) -> int:
+        """The fewest ids whose text already contains a stop string."""
+        for keep in range(len(token_ids) - num_new + 1, len(token_ids) + 1):
+            if self._find_stop(self.decode(token_ids[:keep])) is not None:
+                return keep
+        return len(token_ids)
+
+    def _visible_end(self, text: str) -> int:
+        end = len(text.rstrip(_INCOMPLETE))
+        hold = 0
+        for stop in self.stop:
+            # The longest proper prefix of a stop string that ends the text may yet complete it.
+            for length in range(min(len(stop) - 1, end), hold, -1):
+                if text[end - length : end] == stop[:length]:
+                    hold = length
+                    break
+        return end - hold

@@ -1,0 +1,34 @@
+"""The drafter protocol: ``propose(context, k, sampler) -> Proposal``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from specdec.sampling import Sampler
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Up to k drafted tokens. ``draft_probs`` is the distribution each token was sampled
+    from (``[len(token_ids), vocab]``), or None for a deterministic proposal (point masses)."""
+
+    token_ids: list[int]
+    draft_probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft_probs is not None:
+            assert self.draft_probs.shape[0] == len(self.token_ids), "one distribution per draft"
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+    vocab_size: int | None  # None: the drafter works on any vocabulary (e.g. lookup)
+
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Proposal:
+        """Draft at most k tokens following ``context`` (prompt + accepted output)."""
+        ...

@@ -1,0 +1,95 @@
+"""SpecStats: the one place the field's metrics are defined.
+
+Conventions (written once here; the CLI, server and bench read them, never recompute):
+- ``acceptance_rate`` = accepted draft tokens / drafted tokens.
+- ``mean_accepted_length`` = tokens the target pass yields per round, *including* the
+  recovered/bonus token: 1 + accepted / rounds, as vLLM and Spec-Bench count it. Plain
+  decoding gives exactly 1.
+- ``per_position_acceptance[i]`` = P(draft i accepted | drafts before it accepted).
+- ``overhead_seconds`` = wall time not spent inside the drafter or the target forward.
+- ``tokens_per_second`` = generated tokens / total wall time (prefill included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    bonus_tokens: int = 0
+    residual_fallbacks: int = 0
+    target_forwards: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    k_per_round: dict[int, int] = field(default_factory=dict)
+    drafter_seconds: float = 0.0
+    target_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    def record_round(self, k: int, num_accepted: int, bonus: bool, residual_fallback: bool) -> None:
+        self.rounds += 1
+        self.drafted_tokens += k
+        self.accepted_tokens += num_accepted
+        self.bonus_tokens += int(bonus and k > 0)
+        self.residual_fallbacks += int(residual_fallback)
+        self.k_per_round[k] = self.k_per_round.get(k, 0) + 1
+        while len(self.drafted_per_position) < k:
+            self.drafted_per_position.append(0)
+            self.accepted_per_position.append(0)
+        # Position i is reached only when drafts 0..i-1 were accepted.
+        for position in range(min(k, num_accepted + 1)):
+            self.drafted_per_position[position] += 1
+            self.accepted_per_position[position] += int(position < num_accepted)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return 1.0 + self.accepted_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [
+            accepted / drafted if drafted else 0.0
+            for accepted, drafted in zip(self.accepted_per_position, self.drafted_per_position)
+        ]
+
+    @property
+    def overhead_seconds(self) -> float:
+        return max(0.0, self.total_seconds - self.drafter_seconds - self.target_seconds)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready dict: counters plus the derived metrics, by their names above."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "rounds": self.rounds,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "bonus_tokens": self.bonus_tokens,
+            "residual_fallbacks": self.residual_fallbacks,
+            "target_forwards": self.target_forwards,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "per_position_acceptance": self.per_position_acceptance,
+            "k_per_round": {str(k): n for k, n in sorted(self.k_per_round.items())},
+            "drafter_seconds": self.drafter_seconds,
+            "target_seconds": self.target_seconds,
+            "overhead_seconds": self.overhead_seconds,
+            "prefill_seconds": self.prefill_seconds,
+            "total_seconds": self.total_seconds,
+            "tokens_per_second": self.tokens_per_second,
+        }

@@ -1,0 +1,19 @@
+import pytest
+
+from helpers import char_tokenizer, perturbed_copy, tiny_llama
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def target_model():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="session")
+def draft_model(target_model):
+    """Agrees with the target on roughly half of its greedy tokens."""
+    return perturbed_copy(target_model, noise=0.03, seed=1)

@@ -1,0 +1,86 @@
+"""The CLI on two local model directories (tiny models saved by the test)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specdec.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory, target_model, draft_model, tokenizer):
+    root = tmp_path_factory.mktemp("models")
+    for name, model in (("target", target_model), ("draft", draft_model)):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root / "target", root / "draft"
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True)
+
+
+def exit_code(args) -> int:
+    """main() in-process; argparse errors leave through SystemExit."""
+    try:
+        return main(args)
+    except SystemExit as leaving:
+        return leaving.code
+
+
+def test_generate_json(model_dirs, capsys):
+    target, draft = model_dirs
+    code = main(["generate", "hello", "--target", str(target), "--draft", str(draft), "-k", "3",
+                 "--max-tokens", "20", "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == {"text", "token_ids", "finish_reason", "stats"}
+    assert len(result["token_ids"]) <= 20
+    for field in ("drafted_tokens", "accepted_tokens", "rounds", "target_forwards", "acceptance_rate",
+                  "mean_accepted_length", "per_position_acceptance", "drafter_seconds",
+                  "target_seconds", "overhead_seconds", "tokens_per_second"):
+        assert field in result["stats"]
+    plain = main(["generate", "hello", "--target", str(target), "--drafter", "none",
+                  "--max-tokens", "20", "--json"])
+    assert plain == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == result["token_ids"]
+
+
+def test_generate_streams_text_and_a_summary(model_dirs):
+    target, draft = model_dirs
+    done = run_cli("generate", "hello", "--target", str(target), "--draft", str(draft),
+                   "--max-tokens", "12", "--temperature", "0.8", "--top-p", "0.9")
+    assert done.returncode == 0, done.stderr
+    assert "tok/s" in done.stderr and "acceptance" in done.stderr
+
+
+def test_show_drafts_colours(model_dirs, capsys):
+    target, draft = model_dirs
+    assert main(["generate", "hello", "--target", str(target), "--draft", str(draft),
+                 "--max-tokens", "12", "--show-drafts"]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "2"], "top_p"),
+    (["-k", "-2"], "k must be"),
+    (["--max-tokens", "0"], "max_tokens"),
+    (["--dtype", "float8"], "invalid choice"),
+    (["--drafter", "model"], "--draft"),
+])
+def test_bad_arguments_give_one_line_and_exit_2(model_dirs, args, message, capsys):
+    target, _ = model_dirs
+    assert exit_code(["generate", "hello", "--target", str(target), *args]) == 2
+    stderr = capsys.readouterr().err
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_missing_model_directory(tmp_path):
+    done = run_cli("generate", "hi", "--target", str(tmp_path / "nope"), "--drafter", "none")
+    assert done.returncode == 2 and "config.json" in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert "Traceback" not in done.stderr

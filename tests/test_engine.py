@@ -1,0 +1,148 @@
+"""Engine behaviour: text and stop strings, streaming, determinism, bad input."""
+
+import pytest
+
+from helpers import EOS_ID, backend, tiny_llama
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.drafters import ModelDrafter
+
+
+@pytest.fixture(scope="module")
+def engine(target_model, draft_model, tokenizer):
+    return Engine(backend(target_model, tokenizer), ModelDrafter(backend(draft_model)))
+
+
+@pytest.fixture(scope="module")
+def plain(target_model, tokenizer):
+    return Engine(backend(target_model, tokenizer))
+
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+
+
+def test_text_is_the_decoded_tokens(engine, tokenizer):
+    out = engine.generate(tokenizer.encode("hello"), GREEDY, SpecConfig(k=4))
+    assert out.text == tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert len(out.text) == 40
+
+
+def test_stop_string_ends_the_output_before_it(engine, plain, tokenizer):
+    full = plain.generate(tokenizer.encode("hello"), GREEDY).text
+    stop = full[10:13]
+    expected_text = full[: full.index(stop)]
+    for k in (0, 2, 5):
+        params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop=(stop,))
+        out = engine.generate(tokenizer.encode("hello"), params, SpecConfig(k=k))
+        assert out.text == expected_text
+        assert out.finish_reason == "stop"
+        # Tokens stop with the one that completed the stop string; nothing after it.
+        assert tokenizer.decode(out.token_ids).endswith(stop)
+        assert stop not in tokenizer.decode(out.token_ids[:-1])
+
+
+def test_stream_yields_the_same_as_generate(engine, tokenizer):
+    prompt = tokenizer.encode("stream me")
+    chunks = list(engine.stream(prompt, GREEDY, SpecConfig(k=3)))
+    out = engine.generate(prompt, GREEDY, SpecConfig(k=3))
+    assert [t for c in chunks for t in c.token_ids] == out.token_ids
+    assert "".join(c.text for c in chunks) == out.text
+    assert all(1 <= len(c.token_ids) <= 4 for c in chunks)
+    assert [c.finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert {c.extra_kind for c in chunks} <= {"recovered", "bonus", "target"}
+
+
+def test_stream_holds_back_a_possible_stop_prefix(engine, plain, tokenizer):
+    full = plain.generate(tokenizer.encode("hello"), GREEDY).text
+    stop = full[20:22] + "#"  # starts like the text but never completes
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop=(stop,))
+    chunks = list(engine.stream(tokenizer.encode("hello"), params, SpecConfig(k=2)))
+    shown = ""
+    for chunk in chunks[:-1]:
+        shown += chunk.text
+        assert not shown.endswith(stop[:2]), "a possible stop prefix was shown too early"
+    assert shown + chunks[-1].text == full
+
+
+def test_eos_ends_with_stop(engine, tokenizer, target_model):
+    target = backend(target_model, tokenizer)
+    reference = Engine(target).generate(tokenizer.encode("hi"), GREEDY)
+    target.eos_token_ids = frozenset({reference.token_ids[5]})
+    out = Engine(target, engine.drafter).generate(
+        tokenizer.encode("hi"), SamplingParams(max_tokens=40, temperature=0.0), SpecConfig(k=4)
+    )
+    assert out.finish_reason == "stop" and out.token_ids[-1] == reference.token_ids[5]
+
+
+def test_same_seed_same_output(engine, tokenizer):
+    params = SamplingParams(max_tokens=30, temperature=0.9, top_k=10, seed=1234, ignore_eos=True)
+    first = engine.generate(tokenizer.encode("seed"), params, SpecConfig(k=4))
+    second = engine.generate(tokenizer.encode("seed"), params, SpecConfig(k=4))
+    other = engine.generate(tokenizer.encode("seed"), SamplingParams(
+        max_tokens=30, temperature=0.9, top_k=10, seed=4321, ignore_eos=True), SpecConfig(k=4))
+    assert first.token_ids == second.token_ids
+    assert first.token_ids != other.token_ids
+
+
+def test_stats_add_up(engine, tokenizer):
+    out = engine.generate(tokenizer.encode("count"), GREEDY, SpecConfig(k=4))
+    stats = out.stats
+    assert stats.generated_tokens == len(out.token_ids) == 40
+    # Every round emits its accepted drafts plus one token, except where max_tokens cut it.
+    assert stats.accepted_tokens + stats.rounds >= stats.generated_tokens
+    assert stats.target_forwards == stats.rounds + 1  # + the prompt prefill
+    assert 0 < stats.acceptance_rate <= 1
+    assert stats.mean_accepted_length == pytest.approx(1 + stats.accepted_tokens / stats.rounds)
+    assert stats.drafter_seconds > 0 and stats.target_seconds > 0 and stats.tokens_per_second > 0
+    assert sum(stats.k_per_round.values()) == stats.rounds
+
+
+def test_plain_decoding_is_the_k0_path(engine, plain, tokenizer):
+    prompt = tokenizer.encode("plain")
+    k0 = engine.generate(prompt, GREEDY, SpecConfig(k=0))
+    assert k0.token_ids == plain.generate(prompt, GREEDY).token_ids
+    assert k0.stats.drafted_tokens == 0 and k0.stats.mean_accepted_length == 1.0
+
+
+class TestBadInput:
+    def test_empty_prompt(self, engine):
+        with pytest.raises(ValueError, match="prompt_ids is empty"):
+            engine.generate([], GREEDY)
+
+    def test_prompt_ids_out_of_vocabulary(self, engine):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            engine.generate([1, 999], GREEDY)
+
+    def test_prompt_longer_than_the_context(self, engine):
+        with pytest.raises(ValueError, match="context"):
+            engine.generate([1] * 300, GREEDY)
+
+    @pytest.mark.parametrize("kwargs, name", [
+        ({"k": -1}, "k"), ({"k": 1.5}, "k"),
+    ])
+    def test_spec_config(self, kwargs, name):
+        with pytest.raises(ValueError, match=name):
+            SpecConfig(**kwargs)
+
+    @pytest.mark.parametrize("kwargs, name", [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": -3}, "max_tokens"),
+        ({"top_k": -1}, "top_k"), ({"seed": "x"}, "seed"), ({"stop": [""]}, "stop"),
+    ])
+    def test_sampling_params(self, kwargs, name):
+        with pytest.raises(ValueError, match=name):
+            SamplingParams(**kwargs)
+
+    def test_mismatched_vocabularies(self, target_model):
+        other = tiny_llama(seed=3, vocab=48)
+        with pytest.raises(ValueError, match="vocabulary"):
+            Engine(backend(target_model), ModelDrafter(backend(other)))
+
+    def test_stop_strings_need_a_tokenizer(self, target_model):
+        with pytest.raises(ValueError, match="tokenizer"):
+            Engine(backend(target_model)).generate([1, 2], SamplingParams(stop=("x",)))
+
+
+def test_eos_id_is_known_from_the_config(target_model):
+    assert EOS_ID in backend(target_model).eos_token_ids

@@ -1,0 +1,118 @@
+"""Verification on hand-built logits and probabilities."""
+
+import pytest
+import torch
+
+from specdec.verify import residual_distribution, verify_greedy, verify_stochastic
+
+A, B, C = 0, 1, 2
+
+
+def logits_with_argmax(argmaxes, vocab=5):
+    """One row per position whose argmax is the given token."""
+    logits = torch.zeros(len(argmaxes), vocab)
+    for row, token in enumerate(argmaxes):
+        logits[row, token] = 3.0
+    return logits
+
+
+def ids(*tokens):
+    return torch.tensor(tokens, dtype=torch.long)
+
+
+class TestGreedy:
+    def test_perfect_match_takes_all_drafts_and_the_bonus(self):
+        result = verify_greedy(ids(1, 2, 3), logits_with_argmax([1, 2, 3, 4]))
+        assert result.token_ids == [1, 2, 3, 4]
+        assert result.num_accepted == 3 and result.bonus
+
+    def test_early_mismatch_stops_at_the_first_difference(self):
+        # Position 2 matches again, but nothing after a rejection counts.
+        result = verify_greedy(ids(1, 0, 3), logits_with_argmax([1, 2, 3, 4]))
+        assert result.token_ids == [1, 2]
+        assert result.num_accepted == 1 and not result.bonus
+
+    def test_all_rejected_gives_the_targets_token(self):
+        result = verify_greedy(ids(0, 0), logits_with_argmax([4, 4, 4]))
+        assert result.token_ids == [4] and result.num_accepted == 0
+
+    def test_k_equal_1(self):
+        assert verify_greedy(ids(2), logits_with_argmax([2, 3])).token_ids == [2, 3]
+        assert verify_greedy(ids(1), logits_with_argmax([2, 3])).token_ids == [2]
+
+    def test_k_equal_0_is_a_plain_step(self):
+        result = verify_greedy(ids(), logits_with_argmax([3]))
+        assert result.token_ids == [3] and result.num_accepted == 0
+
+
+def probs(*rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+class TestStochastic:
+    def test_seed_article_walkthrough(self):
+        """The seed's example: drafts [B, A, C]; B accepted (0.3/0.7), A always (0.7/0.6 > 1),
+        C rejected (0.4/0.8) for a large enough uniform; the residual is all on B."""
+        draft = probs([0.2, 0.7, 0.1], [0.6, 0.1, 0.3], [0.1, 0.1, 0.8])
+        target = probs([0.5, 0.3, 0.2], [0.7, 0.2, 0.1], [0.1, 0.5, 0.4], [0.3, 0.4, 0.3])
+        outcomes = set()
+        for seed in range(200):
+            result = verify_stochastic(ids(B, A, C), draft, target, torch.Generator().manual_seed(seed))
+            outcomes.add(tuple(result.token_ids))
+        # Every outcome is: a rejection at 1 (residual (0.3, 0, 0.1)/0.4), at 3 -> B, or all + bonus.
+        for outcome in outcomes:
+            if len(outcome) == 1:
+                assert outcome[0] in (A, C)
+            elif len(outcome) == 3:
+                assert outcome == (B, A, B)
+            else:
+                assert len(outcome) == 4 and outcome[:3] == (B, A, C)
+        assert (B, A, B) in outcomes
+
+    def test_target_zero_probability_always_rejects(self):
+        draft = probs([0.5, 0.5, 0.0])
+        target = probs([0.0, 1.0, 0.0], [1.0, 0.0, 0.0])
+        for seed in range(50):
+            result = verify_stochastic(ids(A), draft, target, torch.Generator().manual_seed(seed))
+            assert result.token_ids == [B] and result.num_accepted == 0
+
+    def test_target_at_least_draft_always_accepts(self):
+        draft = probs([0.2, 0.8, 0.0], [0.5, 0.5, 0.0])
+        target = probs([0.1, 0.9, 0.0], [0.4, 0.6, 0.0], [0.0, 0.0, 1.0])
+        for seed in range(50):
+            result = verify_stochastic(ids(B, B), draft, target, torch.Generator().manual_seed(seed))
+            assert result.token_ids == [B, B, C] and result.bonus
+
+    def test_deterministic_drafts_are_point_masses(self):
+        target = probs([0.25, 0.75, 0.0], [0.0, 0.0, 1.0])
+        accepted = 0
+        for seed in range(400):
+            result = verify_stochastic(ids(B), None, target, torch.Generator().manual_seed(seed))
+            if result.num_accepted:
+                assert result.token_ids == [B, C]
+                accepted += 1
+            else:
+                # q = 1 on B, so the residual is the target without B: all mass on A.
+                assert result.token_ids == [A]
+        assert 0.65 < accepted / 400 < 0.85  # accepted with probability target[B] = 0.75
+
+    def test_zero_residual_falls_back_to_the_target_without_nan(self):
+        draft = torch.tensor([0.6, 0.4, 0.0])
+        target = draft * (1 - 1e-4)  # float dust: below the draft everywhere
+        residual, fallback = residual_distribution(target, draft, A)
+        assert fallback and torch.equal(residual, target)
+        assert not torch.isnan(residual).any()
+
+    def test_zero_residual_rejection_is_counted(self):
+        draft = probs([0.6, 0.4, 0.0])
+        target = torch.cat([draft * (1 - 1e-4), probs([0.0, 0.0, 1.0])])
+        # A rejection needs a uniform >= 0.9999: find a seed whose first draw is that large.
+        seed = next(s for s in range(200_000)
+                    if torch.rand(1, generator=torch.Generator().manual_seed(s)) >= 0.9999)
+        result = verify_stochastic(ids(A), draft, target, torch.Generator().manual_seed(seed))
+        assert result.num_accepted == 0 and result.residual_fallback
+        assert result.token_ids[0] in (A, B)  # sampled from the target row, never NaN-driven
+
+    def test_shapes_are_checked(self):
+        with pytest.raises(AssertionError):
+            verify_stochastic(ids(A, B), None, probs([1.0, 0.0]), torch.Generator())
