@@ -33,7 +33,7 @@ def exit_code(args) -> int:
 def test_generate_json(model_dirs, capsys):
     target, draft = model_dirs
     code = main(["generate", "hello", "--target", str(target), "--draft", str(draft), "-k", "3",
-                 "--max-tokens", "20", "--json"])
+                 "--max-tokens", "20", "--dtype", "float32", "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"text", "token_ids", "finish_reason", "stats"}
@@ -43,7 +43,7 @@ def test_generate_json(model_dirs, capsys):
                   "target_seconds", "overhead_seconds", "tokens_per_second"):
         assert field in result["stats"]
     plain = main(["generate", "hello", "--target", str(target), "--drafter", "none",
-                  "--max-tokens", "20", "--json"])
+                  "--max-tokens", "20", "--dtype", "float32", "--json"])
     assert plain == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == result["token_ids"]
 
@@ -69,7 +69,8 @@ def test_show_drafts_colours(model_dirs, capsys):
     (["-k", "-2"], "k must be"),
     (["--max-tokens", "0"], "max_tokens"),
     (["--dtype", "float8"], "invalid choice"),
-    (["--drafter", "model"], "--draft"),
+    (["--top-k", "-1"], "top_k"),
+    (["--drafter", "lookup"], "invalid choice"),
 ])
 def test_bad_arguments_give_one_line_and_exit_2(model_dirs, args, message, capsys):
     target, _ = model_dirs
@@ -81,6 +82,30 @@ def test_bad_arguments_give_one_line_and_exit_2(model_dirs, args, message, capsy
 
 def test_missing_model_directory(tmp_path):
     done = run_cli("generate", "hi", "--target", str(tmp_path / "nope"), "--drafter", "none")
-    assert done.returncode == 2 and "config.json" in done.stderr
+    assert done.returncode == 2 and "neither a catalog model" in done.stderr
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("prompt, is_code", [
+    ("def quicksort(arr):", True), ("import os\n", True), ("# sort a list\n", True),
+    ("for x in range(3):", True), ("Explain recursion to a child.", False),
+    ("What is the capital of France?", False),
+])
+def test_code_looking_prompts_are_completed_raw(prompt, is_code):
+    from specdec.cli import looks_like_code
+
+    assert looks_like_code(prompt) is is_code
+
+
+def test_models_lists_the_catalog(capsys, tmp_path):
+    assert main(["models", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"):
+        assert name in out
+
+
+def test_unknown_target_is_a_one_line_error(capsys):
+    assert exit_code(["generate", "hi", "--target", "no-such-model", "--drafter", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "neither a catalog model" in err and len(err.strip().splitlines()) == 1

