@@ -70,7 +70,8 @@ def test_show_drafts_colours(model_dirs, capsys):
     (["--max-tokens", "0"], "max_tokens"),
     (["--dtype", "float8"], "invalid choice"),
     (["--top-k", "-1"], "top_k"),
-    (["--drafter", "lookup"], "invalid choice"),
+    (["--drafter", "magic"], "use none or"),
+    (["--drafter", "ngram"], "--ngram-model"),
 ])
 def test_bad_arguments_give_one_line_and_exit_2(model_dirs, args, message, capsys):
     target, _ = model_dirs
@@ -109,3 +110,27 @@ def test_unknown_target_is_a_one_line_error(capsys):
     assert exit_code(["generate", "hi", "--target", "no-such-model", "--drafter", "none"]) == 2
     err = capsys.readouterr().err
     assert "neither a catalog model" in err and len(err.strip().splitlines()) == 1
+
+
+def test_lookup_and_ngram_drafters_from_the_cli(model_dirs, tmp_path, capsys):
+    target, draft = model_dirs
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello world. hello there. hello world!\n" * 5)
+    assert main(["ngram", "build", str(corpus), "--tokenizer", str(target), "--order", "3",
+                 "-o", str(tmp_path / "ngram.json")]) == 0
+    capsys.readouterr()
+    plain = None
+    for drafter in ("none", "lookup", "ngram", "lookup+model", "lookup+ngram"):
+        assert main(["generate", "hello world. hello", "--target", str(target), "--draft", str(draft),
+                     "--drafter", drafter, "--ngram-model", str(tmp_path / "ngram.json"),
+                     "--dtype", "float32", "--max-tokens", "24", "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        plain = plain or result["token_ids"]
+        assert result["token_ids"] == plain, drafter
+        if drafter != "none":
+            assert result["stats"]["drafted_tokens"] > 0, drafter
+
+
+def test_ngram_build_bad_input(capsys, tmp_path):
+    assert exit_code(["ngram", "build", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "x.json")]) == 2
+    assert "not a file" in capsys.readouterr().err

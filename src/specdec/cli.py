@@ -38,6 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     _add_generate_arguments(generate)
+    ngram = commands.add_parser("ngram", help="n-gram drafter models")
+    ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True, parser_class=_Parser)
+    build = ngram_commands.add_parser(
+        "build", help="count n-grams of text files into a drafter model",
+        description="Tokenize FILES with the target's tokenizer and save an n-gram model for "
+                    "--drafter ngram --ngram-model OUTPUT.")
+    build.add_argument("files", nargs="+", help="text files (e.g. source code like what you will generate)")
+    build.add_argument("-o", "--output", required=True, help="where to save the model (JSON)")
+    build.add_argument("--order", type=int, default=3, help="n of the n-grams: 2 = bigram (default: 3)")
+    build.add_argument("--tokenizer", default=DEFAULT_TARGET,
+                       help=f"catalog name or model directory whose tokenizer to use (default: {DEFAULT_TARGET})")
+    build.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
     models = commands.add_parser("models", help="list the embedded model catalog and its cache status")
     models.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
     return parser
@@ -49,8 +61,16 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"target model: a catalog name or a transformers model directory (default: {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT,
                    help=f"draft model: a catalog name or a directory (default: {DEFAULT_DRAFT})")
-    p.add_argument("--drafter", choices=["model", "none"], default="model",
-                   help="who drafts: the draft model, or none for plain decoding (default: model)")
+    p.add_argument("--drafter", default="model", metavar="KIND",
+                   help="who drafts: model (the --draft model), lookup (copies from the prompt "
+                        "and output), ngram (an n-gram model, --ngram-model), a '+'-joined "
+                        "fallback chain such as lookup+model, or none (plain decoding). "
+                        "Default: model")
+    p.add_argument("--lookup-max-ngram", type=int, default=3,
+                   help="lookup: longest context tail to match (default: 3)")
+    p.add_argument("--lookup-min-ngram", type=int, default=1,
+                   help="lookup: shortest tail worth matching (default: 1)")
+    p.add_argument("--ngram-model", help="ngram: a file made by 'specdec ngram build'")
     p.add_argument("-k", type=int, default=4, help="drafted tokens per round (default: 4; 0 = plain)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature; 0 = greedy (default: 0)")
@@ -90,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "ngram":
+            return _ngram_build(args)
         if args.command == "models":
             from specdec.cli_output import print_models
 
@@ -113,8 +135,11 @@ def _generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
     )
-    spec = SpecConfig(k=args.k if args.drafter == "model" else 0)
-    engine = _build_engine(args)
+    kinds = drafter_kinds(args.drafter)
+    spec = SpecConfig(k=args.k if kinds else 0)
+    if "ngram" in kinds and not args.ngram_model:
+        raise UsageError("--drafter ngram needs --ngram-model FILE (make one with 'specdec ngram build')")
+    engine = _build_engine(args, kinds)
     prompt_ids = encode_prompt(engine.target.tokenizer, args.prompt, args.template)
     if args.json:
         out = engine.generate(prompt_ids, params, spec)
@@ -127,9 +152,25 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_engine(args: argparse.Namespace):
+DRAFTER_KINDS = ("model", "lookup", "ngram")
+
+
+def drafter_kinds(spec: str) -> list[str]:
+    """'lookup+model' -> ['lookup', 'model']; 'none' -> []."""
+    if spec == "none":
+        return []
+    kinds = spec.split("+")
+    unknown = [kind for kind in kinds if kind not in DRAFTER_KINDS]
+    if unknown or len(set(kinds)) != len(kinds):
+        raise UsageError(
+            f"--drafter {spec!r}: use none or a '+'-joined list of {', '.join(DRAFTER_KINDS)}"
+        )
+    return kinds
+
+
+def _build_engine(args: argparse.Namespace, kinds: list[str]):
     from specdec.cli_output import progress_bar
-    from specdec.drafters import ModelDrafter
+    from specdec.drafters import FallbackDrafter, ModelDrafter, NGramDrafter, NGramModel, PromptLookupDrafter
     from specdec.engine import Engine
     from specdec.loading import load_backend
 
@@ -137,10 +178,47 @@ def _build_engine(args: argparse.Namespace):
         target = load_backend(args.target, args.dtype, args.cache_dir, progress)
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
-        if args.drafter == "none" or args.k == 0:
-            return Engine(target)
-        draft = load_backend(args.draft, args.dtype, args.cache_dir, progress)
-    return Engine(target, ModelDrafter(draft))
+        drafters = []
+        for kind in kinds if args.k > 0 else []:
+            if kind == "model":
+                drafters.append(ModelDrafter(load_backend(args.draft, args.dtype, args.cache_dir, progress)))
+            elif kind == "lookup":
+                drafters.append(PromptLookupDrafter(args.lookup_max_ngram, args.lookup_min_ngram))
+            else:
+                drafters.append(NGramDrafter(NGramModel.load(args.ngram_model)))
+    if not drafters:
+        return Engine(target)
+    return Engine(target, drafters[0] if len(drafters) == 1 else FallbackDrafter(drafters))
+
+
+def _ngram_build(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    from specdec.drafters import NGramModel
+    from specdec.models import CATALOG, cache_root, ensure_converted, lookup
+
+    if args.order < 2:
+        raise UsageError(f"--order must be >= 2 (2 = bigram), got {args.order}")
+    missing = [f for f in args.files if not Path(f).is_file()]
+    if missing:
+        raise UsageError(f"not a file: {missing[0]}")
+    source = args.tokenizer
+    if source in CATALOG:
+        source = ensure_converted(lookup(source), cache_root(args.cache_dir))
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    try:
+        vocab_size = AutoConfig.from_pretrained(source).vocab_size  # the logits width
+    except (OSError, ValueError):
+        vocab_size = len(tokenizer)
+    sequences = [tokenizer.encode(Path(f).read_text(errors="replace")) for f in args.files]
+    model = NGramModel.build(sequences, args.order, vocab_size, tokenizer_name=str(args.tokenizer))
+    model.save(args.output)
+    tokens = sum(len(s) for s in sequences)
+    sys.stderr.write(f"saved {args.output}: order {args.order}, {tokens} tokens, "
+                     f"{len(model.counts)} contexts\n")
+    return 0
 
 
 CODE_STARTS = ("def ", "class ", "import ", "from ", "#", "//", "/*", "fn ", "func ", "package ",

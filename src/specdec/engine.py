@@ -153,7 +153,8 @@ class _Run:
         # Keep the last context token and the accepted drafts; the new token is fed next round.
         self.target.truncate(len(self.context) + result.num_accepted)
         self.stats.target_seconds += time.perf_counter() - started
-        self.stats.record_round(k, result.num_accepted, result.bonus, result.residual_fallback)
+        self.stats.record_round(k, result.num_accepted, result.bonus, result.residual_fallback,
+                                proposal.drafter)
         return self._emit(result, proposal)
 
     def _propose(self) -> Proposal:

@@ -5,6 +5,8 @@ Conventions (written once here; the CLI, server and bench read them, never recom
 - ``mean_accepted_length`` = tokens the target pass yields per round, *including* the
   recovered/bonus token: 1 + accepted / rounds, as vLLM and Spec-Bench count it. Plain
   decoding gives exactly 1.
+- ``by_drafter[name]`` = rounds, drafted, accepted and acceptance_rate of the rounds that
+  drafter proposed (a composite drafter names its member).
 - ``per_position_acceptance[i]`` = P(draft i accepted | drafts before it accepted).
 - ``overhead_seconds`` = wall time not spent inside the drafter or the target forward.
 - ``tokens_per_second`` = generated tokens / total wall time (prefill included).
@@ -28,13 +30,20 @@ class SpecStats:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     k_per_round: dict[int, int] = field(default_factory=dict)
+    by_drafter: dict[str, dict[str, int]] = field(default_factory=dict)  # rounds/drafted/accepted
     drafter_seconds: float = 0.0
     target_seconds: float = 0.0
     prefill_seconds: float = 0.0
     total_seconds: float = 0.0
 
-    def record_round(self, k: int, num_accepted: int, bonus: bool, residual_fallback: bool) -> None:
+    def record_round(self, k: int, num_accepted: int, bonus: bool, residual_fallback: bool,
+                     drafter: str = "") -> None:
         self.rounds += 1
+        if k > 0:
+            member = self.by_drafter.setdefault(drafter, {"rounds": 0, "drafted": 0, "accepted": 0})
+            member["rounds"] += 1
+            member["drafted"] += k
+            member["accepted"] += num_accepted
         self.drafted_tokens += k
         self.accepted_tokens += num_accepted
         self.bonus_tokens += int(bonus and k > 0)
@@ -86,6 +95,10 @@ class SpecStats:
             "mean_accepted_length": self.mean_accepted_length,
             "per_position_acceptance": self.per_position_acceptance,
             "k_per_round": {str(k): n for k, n in sorted(self.k_per_round.items())},
+            "by_drafter": {
+                name: {**counts, "acceptance_rate": counts["accepted"] / counts["drafted"]}
+                for name, counts in self.by_drafter.items()
+            },
             "drafter_seconds": self.drafter_seconds,
             "target_seconds": self.target_seconds,
             "overhead_seconds": self.overhead_seconds,

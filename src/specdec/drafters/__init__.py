@@ -1,6 +1,10 @@
 """Drafters propose k tokens per round; see ``base.Drafter``."""
 
 from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.composite import FallbackDrafter
+from specdec.drafters.lookup import PromptLookupDrafter
 from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NGramDrafter, NGramModel
 
-__all__ = ["Drafter", "ModelDrafter", "Proposal"]
+__all__ = ["Drafter", "FallbackDrafter", "ModelDrafter", "NGramDrafter", "NGramModel",
+           "PromptLookupDrafter", "Proposal"]

@@ -18,6 +18,7 @@ class Proposal:
 
     token_ids: list[int]
     draft_probs: torch.Tensor | None = None
+    drafter: str = ""  # which drafter proposed it (a composite drafter names its member)
 
     def __post_init__(self) -> None:
         if self.draft_probs is not None:

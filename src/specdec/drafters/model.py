@@ -35,7 +35,7 @@ class ModelDrafter:
         if self.backend.max_length is not None:
             k = min(k, self.backend.max_length - len(context))
         if k <= 0:
-            return Proposal([])
+            return Proposal([], drafter=self.name)
         # Keep at least the last context token unfed: its logits give the first draft.
         keep = min(common_prefix_length(self.backend.cached_token_ids, context), len(context) - 1)
         self.backend.truncate(keep)
@@ -50,4 +50,4 @@ class ModelDrafter:
             if len(token_ids) == k:
                 break
             logits = self.backend.forward([token_id])[-1]
-        return Proposal(token_ids, torch.stack(probs) if probs else None)
+        return Proposal(token_ids, torch.stack(probs) if probs else None, self.name)

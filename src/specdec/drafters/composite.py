@@ -1,0 +1,33 @@
+"""Drafters that fall back to one another: the first non-empty proposal wins.
+
+``FallbackDrafter([PromptLookupDrafter(), ModelDrafter(small)])`` copies from the context
+when it can (free) and asks the small model otherwise. Each proposal names its drafter, so
+the stats report rounds and acceptance per member.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specdec.drafters.base import Drafter, Proposal
+from specdec.sampling import Sampler
+
+
+class FallbackDrafter:
+    def __init__(self, drafters: Sequence[Drafter]):
+        if not drafters:
+            raise ValueError("FallbackDrafter needs at least one drafter")
+        sizes = {d.vocab_size for d in drafters if d.vocab_size is not None}
+        if len(sizes) > 1:
+            raise ValueError(f"the drafters disagree on the vocabulary size: {sorted(sizes)}")
+        self.drafters = list(drafters)
+        self.name = "+".join(d.name for d in drafters)
+        self.vocab_size = sizes.pop() if sizes else None
+
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Proposal:
+        proposal = Proposal([], drafter=self.name)
+        for drafter in self.drafters:
+            proposal = drafter.propose(context, k, sampler)
+            if proposal.token_ids:
+                return proposal
+        return proposal

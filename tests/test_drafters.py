@@ -1,0 +1,184 @@
+"""Prompt lookup, n-gram and fallback drafters: hand-built contexts, exactness through the engine."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import VOCAB, assert_same_distribution, backend, perturbed_copy, tiny_llama
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.drafters import FallbackDrafter, ModelDrafter, NGramDrafter, NGramModel, PromptLookupDrafter
+from specdec.sampling import Sampler
+
+
+class TestPromptLookup:
+    def test_match_proposes_what_followed(self):
+        assert PromptLookupDrafter().propose([1, 2, 3, 4, 5, 9, 2, 3], k=2).token_ids == [4, 5]
+
+    def test_no_match_proposes_nothing(self):
+        assert PromptLookupDrafter().propose([1, 2, 3, 4], k=3).token_ids == []
+
+    def test_longest_match_wins_over_a_more_recent_shorter_one(self):
+        # Tail (7, 8): the 2-gram occurs at the start; "8" alone also occurs later.
+        context = [7, 8, 1, 1, 8, 2, 2, 7, 8]
+        assert PromptLookupDrafter(max_ngram=2).propose(context, k=2).token_ids == [1, 1]
+
+    def test_most_recent_occurrence_of_equal_length(self):
+        assert PromptLookupDrafter(max_ngram=1).propose([5, 1, 5, 2, 5], k=1).token_ids == [2]
+
+    def test_overlapping_match(self):
+        # Tail (4, 4, 4) matches itself shifted by one: copy the run forward.
+        assert PromptLookupDrafter().propose([4, 4, 4, 4], k=3).token_ids == [4]
+
+    def test_match_at_the_end_yields_a_short_continuation(self):
+        assert PromptLookupDrafter(max_ngram=2).propose([1, 2, 3, 1, 2], k=5).token_ids == [3, 1, 2]
+
+    def test_min_ngram_refuses_short_matches(self):
+        assert PromptLookupDrafter(max_ngram=3, min_ngram=2).propose([5, 1, 2, 5], k=2).token_ids == []
+
+    def test_continuation_may_contain_eos(self, target_model):
+        # The engine, not the drafter, ends output at EOS; the drafter copies whatever followed.
+        assert PromptLookupDrafter().propose([3, 0, 6, 3], k=3).token_ids == [0, 6, 3]
+
+    def test_index_follows_a_growing_and_a_changed_context(self):
+        drafter = PromptLookupDrafter(max_ngram=2)
+        assert drafter.propose([1, 2, 3], k=1).token_ids == []
+        assert drafter.propose([1, 2, 3, 1, 2], k=1).token_ids == [3]
+        assert drafter.propose([9, 8, 9], k=1).token_ids == [8]  # a new request: rebuilt
+
+    def test_bad_configuration(self):
+        with pytest.raises(ValueError, match="min_ngram"):
+            PromptLookupDrafter(max_ngram=1, min_ngram=2)
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(st.integers(0, 4), min_size=1, max_size=60), st.lists(st.integers(1, 5), max_size=8))
+    def test_incremental_index_equals_brute_force(self, tokens, cuts):
+        """Fed a growing context, the indexed drafter proposes what a full scan would."""
+        drafter = PromptLookupDrafter(max_ngram=3, min_ngram=1)
+        end = 1
+        for cut in cuts + [len(tokens)]:
+            end = min(len(tokens), end + cut)
+            context = tokens[:end]
+            assert drafter.propose(context, k=4).token_ids == brute_force_lookup(context, 4, 3, 1)
+
+
+def brute_force_lookup(context, k, max_ngram, min_ngram):
+    for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+        tail = context[-n:]
+        for start in range(len(context) - n - 1, -1, -1):  # latest earlier occurrence
+            if context[start : start + n] == tail:
+                return context[start + n : start + n + k]
+    return []
+
+
+class TestNGram:
+    CORPUS = [[1, 2, 3, 1, 2, 4, 1, 2, 3], [5, 1, 2, 3]]
+
+    def test_probabilities_sum_to_one_and_follow_counts(self):
+        model = NGramModel.build(self.CORPUS, order=3, vocab_size=8)
+        probs = model.probs([1, 2])
+        assert torch.isclose(probs.sum(), torch.tensor(1.0))
+        assert probs[3] == pytest.approx(3 / 4) and probs[4] == pytest.approx(1 / 4)
+        # Unseen 2-token context backs off to the bigram of its last token.
+        assert model.probs([7, 1])[2] == pytest.approx(1.0)
+        assert torch.isclose(model.probs([7, 7]).sum(), torch.tensor(1.0))
+
+    def test_round_trip_through_save_and_load(self, tmp_path):
+        model = NGramModel.build(self.CORPUS, order=3, vocab_size=8, tokenizer_name="toy")
+        model.save(tmp_path / "m.json")
+        loaded = NGramModel.load(tmp_path / "m.json")
+        assert loaded.order == 3 and loaded.vocab_size == 8 and loaded.tokenizer_name == "toy"
+        for context in ([], [1], [1, 2], [2, 3], [9]):
+            assert torch.equal(loaded.probs(context), model.probs(context))
+
+    def test_load_rejects_other_files(self, tmp_path):
+        (tmp_path / "x.json").write_text('{"format": "other"}')
+        with pytest.raises(ValueError, match="not a specdec n-gram model"):
+            NGramModel.load(tmp_path / "x.json")
+
+    def test_greedy_drafts_the_argmax_chain(self):
+        drafter = NGramDrafter(NGramModel.build(self.CORPUS, order=3, vocab_size=8))
+        proposal = drafter.propose([5, 1], k=3)
+        assert proposal.token_ids == [2, 3, 1] and proposal.draft_probs is None
+
+    def test_sampled_drafts_carry_the_distribution_they_came_from(self):
+        drafter = NGramDrafter(NGramModel.build(self.CORPUS, order=3, vocab_size=8))
+        proposal = drafter.propose([1, 2], k=2, sampler=Sampler(SamplingParams(temperature=1.0, seed=0)))
+        assert proposal.draft_probs.shape == (2, 8)
+        for token, row in zip(proposal.token_ids, proposal.draft_probs):
+            assert row[token] > 0 and torch.isclose(row.sum(), torch.tensor(1.0))
+
+
+def test_fallback_uses_the_first_drafter_with_a_proposal():
+    lookup = PromptLookupDrafter()
+    ngram = NGramDrafter(NGramModel.build([[1, 2, 3]], order=2, vocab_size=8))
+    both = FallbackDrafter([lookup, ngram])
+    assert both.name == "lookup+ngram" and both.vocab_size == 8
+    assert both.propose([4, 5, 4], k=1).drafter == "lookup"
+    assert both.propose([1], k=2).drafter == "ngram"
+
+
+# ---- through the engine: greedy equality and statistical exactness per drafter kind ----
+
+REPETITIVE_PROMPT = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def drafter_kinds(target_model, draft_model):
+    corpus = [[(3 * i + j) % VOCAB for i in range(60)] for j in range(4)]
+    ngram = NGramModel.build(corpus, order=3, vocab_size=VOCAB)
+    return {
+        "lookup": lambda: PromptLookupDrafter(),
+        "ngram": lambda: NGramDrafter(ngram),
+        "lookup+model": lambda: FallbackDrafter([PromptLookupDrafter(), ModelDrafter(backend(draft_model))]),
+    }
+
+
+@pytest.mark.parametrize("kind", ["lookup", "ngram", "lookup+model"])
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_equals_plain_for_each_drafter(target_model, drafter_kinds, kind, k):
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    expected = Engine(backend(target_model)).generate(REPETITIVE_PROMPT, params)
+    out = Engine(backend(target_model), drafter_kinds[kind]()).generate(REPETITIVE_PROMPT, params, SpecConfig(k=k))
+    assert out.token_ids == expected.token_ids
+
+
+def test_stats_name_the_drafter_of_each_round(target_model, drafter_kinds):
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    out = Engine(backend(target_model), drafter_kinds["lookup+model"]()).generate(
+        REPETITIVE_PROMPT, params, SpecConfig(k=4))
+    by_drafter = out.stats.to_dict()["by_drafter"]
+    assert set(by_drafter) <= {"lookup", "model"} and by_drafter
+    assert sum(d["drafted"] for d in by_drafter.values()) == out.stats.drafted_tokens
+    assert sum(d["accepted"] for d in by_drafter.values()) == out.stats.accepted_tokens
+
+
+PROMPT = [3, 1, 4, 1, 5, 3, 1, 4]
+DRAWS = 1500
+
+
+def second_token_marginal(model, params):
+    from specdec.sampling import logits_to_probs
+
+    with torch.inference_mode():
+        first = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1], params)
+        second = logits_to_probs(model(torch.tensor([PROMPT + [x] for x in range(VOCAB)])).logits[:, -1], params)
+    return (first @ second).numpy()
+
+
+@pytest.mark.parametrize("kind", ["lookup", "ngram"])
+def test_sampling_through_the_engine_is_exact_for_each_drafter(drafter_kinds, kind):
+    target = tiny_llama(seed=10, init=0.3)
+    params = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
+    engine = Engine(backend(target), drafter_kinds[kind]())
+    counts = np.zeros(VOCAB)
+    drafted = 0
+    for seed in range(DRAWS):
+        out = engine.generate(PROMPT, replace(params, seed=seed), SpecConfig(k=3))
+        counts[out.token_ids[1]] += 1
+        drafted += out.stats.drafted_tokens
+    assert drafted > DRAWS, "the drafter must actually propose"
+    assert_same_distribution(counts, second_token_marginal(target, params))
