@@ -69,3 +69,27 @@ def test_acceptance_on_code_is_above_0_6(runs):
 def test_output_is_code(runs):
     _, speculative = runs["quicksort"]
     assert "return" in speculative.text or "pivot" in speculative.text
+
+
+@pytest.fixture(scope="module")
+def int8_runs(pair):
+    """The default runtime: int8, batch-invariant; identity with plain int8 is guaranteed."""
+    from specdec.loading import load_backend
+
+    target = load_backend(DEFAULT_TARGET, "int8")
+    draft = load_backend(DEFAULT_DRAFT, "int8")
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    results = {}
+    for name, prompt in PROMPTS.items():
+        prompt_ids = target.tokenizer.encode(prompt)
+        plain = Engine(target).generate(prompt_ids, params)
+        speculative = Engine(target, ModelDrafter(draft)).generate(prompt_ids, params, SpecConfig(k=4))
+        results[name] = plain, speculative
+    return results
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_int8_greedy_equals_plain_int8(int8_runs, name):
+    plain, speculative = int8_runs[name]
+    assert speculative.token_ids == plain.token_ids
+    assert speculative.stats.rounds < plain.stats.rounds

@@ -79,10 +79,12 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default: 128)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the request (default: 0)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
-                   help="weights dtype (default: bfloat16, ~1.7x faster on CPU). Only float32 "
-                        "guarantees greedy output token-identical to plain decoding; bfloat16 "
-                        "rounds a k-token pass differently from a 1-token step")
+    p.add_argument("--dtype", choices=["int8", "bfloat16", "float32"], default="int8",
+                   help="runtime precision (default: int8). int8: weights and activations in int8 "
+                        "(fbgemm), batch-invariant, so speculative output is bit-identical to plain "
+                        "int8 decoding and a k-token verify pass costs about one step. bfloat16: "
+                        "rounds a k-token pass differently from a 1-token step (output can differ "
+                        "from plain bf16 at near-ties). float32: the reference numerics, slowest")
     template = p.add_mutually_exclusive_group()
     template.add_argument("--chat", dest="template", action="store_const", const="chat",
                           help="wrap the prompt in the model's chat template")

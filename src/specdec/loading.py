@@ -9,7 +9,8 @@ import torch
 from specdec.backends.hf import HFModel
 from specdec.models import CATALOG, Progress, cache_root, ensure_converted, lookup
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# int8: float32 weights loaded, then quantized by backends.int8 (batch-invariant W8A8).
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
 
 
 def load_backend(spec: str, dtype: str = "bfloat16", cache_dir: str | None = None,
@@ -23,10 +24,10 @@ def load_backend(spec: str, dtype: str = "bfloat16", cache_dir: str | None = Non
             raise ValueError(
                 f"{spec!r} is neither a catalog model ({', '.join(CATALOG)}) nor a directory"
             )
-    return load_hf(directory, dtype)
+    return load_hf(directory, dtype, progress)
 
 
-def load_hf(path: str | Path, dtype: str = "float32") -> HFModel:
+def load_hf(path: str | Path, dtype: str = "float32", progress: Progress | None = None) -> HFModel:
     """Load a saved transformers causal LM (+ its tokenizer, if saved beside it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -41,6 +42,10 @@ def load_hf(path: str | Path, dtype: str = "float32") -> HFModel:
             f"{path!s} is not a transformers model directory (no config.json in it)"
         )
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
+    if dtype == "int8":
+        from specdec.backends.int8 import make_int8_batch_invariant
+
+        make_int8_batch_invariant(model, progress)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
     except (OSError, ValueError):

@@ -20,7 +20,7 @@ class HFModel:
     def __init__(self, model: Any, tokenizer: Any | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab_size = int(model.get_output_embeddings().out_features)  # the logits width
         self.eos_token_ids = frozenset(_eos_token_ids(model, tokenizer))
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self._cache: DynamicCache | None = None

@@ -1,0 +1,110 @@
+"""A batch-invariant int8 CPU runtime for transformers models.
+
+Why: on CPUs without AVX-512, PyTorch's bf16/fp32 matrix kernels make a (k+1)-token verify
+pass cost 3-4x a one-token step, which eats the whole gain of speculation. fbgemm's int8
+kernels read each weight once for all rows: a 5-token pass costs about 1.1x a step, and a
+step reads a quarter of the bytes of fp32.
+
+Exactness: a target is a (weights, runtime, dtype) triple, and speculation is exact when
+the target scores a position the same whether it sees one token or a block. Here it does,
+bit for bit:
+- ``RowInt8Linear``: int8 weights (per output channel) times int8 activations with a
+  per-row scale. fbgemm picks ONE activation range per call, so each row is first scaled to
+  max |x| = 1 and two constant columns (+1, -1, with zero weights) pin every call's range to
+  exactly [-1, 1]: a row's quantization no longer depends on its neighbours. Integer
+  accumulation is exact, so the row's result is the same in any block.
+- ``row_invariant_sdpa``: attention for a block runs one query row at a time over its own
+  causal prefix, the same call a one-token step makes.
+The rest of the model (norms, rotary embeddings, activations, residuals) works per row.
+"""
+
+from __future__ import annotations
+
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch import nn
+
+ATTENTION = "specdec_row_invariant_sdpa"
+
+
+# fbgemm's prepack slows down badly on very tall weights (a 152k-row lm_head takes 10 s as
+# one piece, under 5 s in pieces), so tall weights are split by output rows.
+ROWS_PER_PIECE = 16_384
+
+
+class RowInt8Linear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        out_features, in_features = weight.shape
+        padded = torch.cat([weight, torch.zeros(out_features, 2)], dim=1)  # for the +1/-1 columns
+        self.pieces = [_pack(piece) for piece in padded.split(ROWS_PER_PIECE)]
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        self.in_features, self.out_features = in_features, out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x  # [..., in_features]
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1]).float()
+        row_scale = rows.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30)
+        pins = torch.ones(rows.shape[0], 1)
+        pinned = torch.cat([rows / row_scale, pins, -pins], dim=-1)  # every call's range: [-1, 1]
+        outs = [torch.ops.quantized.linear_dynamic(pinned, piece, True) for piece in self.pieces]
+        out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)) * row_scale
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features)
+
+
+def _pack(weight: torch.Tensor):
+    """Symmetric int8 per output row, packed for fbgemm.  weight  # [rows, in + 2]"""
+    scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
+    zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():
+        # Deprecated for a future release; torch is pinned to 2.13.0, where it works.
+        warnings.simplefilter("ignore", UserWarning)
+        quantized = torch.quantize_per_channel(weight.contiguous(), scales, zero_points, 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(quantized, None)
+
+
+def row_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """query  # [batch, heads, q, dim]; key/value  # [batch, kv_heads, past + q, dim]."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q_len, kv_len = query.shape[2], key.shape[2]
+    rows = []
+    for i in range(q_len):
+        end = kv_len - (q_len - 1 - i)  # row i sees its own causal prefix, no mask needed
+        out, _ = sdpa_attention_forward(
+            module, query[:, :, i : i + 1], key[:, :, :end], value[:, :, :end], None, **kwargs
+        )
+        rows.append(out)
+    return torch.cat(rows, dim=1), None  # [batch, q, heads, dim]
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, row_invariant_sdpa)
+
+
+def make_int8_batch_invariant(model: nn.Module, progress=None) -> nn.Module:
+    """Swap every nn.Linear (lm_head included) for RowInt8Linear and use row attention.
+
+    The model must be float32 on the CPU; it is changed in place and returned. Quantizing
+    takes ~20 s for a 1.5B model; two threads do it (the torch ops release the GIL).
+    ``progress(step, done, total)`` is called as layers finish.
+    """
+    _register_attention()
+    slots = [(module, name, child) for module in model.modules()
+             for name, child in module.named_children() if isinstance(child, nn.Linear)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for done, (module, name, int8_linear) in enumerate(
+            pool.map(lambda slot: (slot[0], slot[1], RowInt8Linear(slot[2])), slots), start=1
+        ):
+            setattr(module, name, int8_linear)
+            if progress is not None:
+                progress("quantizing to int8", done, len(slots))
+    model.set_attn_implementation(ATTENTION)
+    return model

@@ -1,0 +1,64 @@
+"""The batch-invariant int8 runtime: a block scores every position exactly as one-token steps do."""
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import backend, perturbed_copy, tiny_llama
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends import int8
+from specdec.backends.int8 import RowInt8Linear, make_int8_batch_invariant
+from specdec.drafters import ModelDrafter
+
+
+def test_row_int8_linear_approximates_the_float_layer():
+    generator = torch.Generator().manual_seed(0)
+    linear = nn.Linear(64, 48)
+    x = torch.randn(7, 64, generator=generator)
+    relative_error = (RowInt8Linear(linear)(x) - linear(x)).norm() / linear(x).norm()
+    assert relative_error < 0.03
+
+
+def test_a_row_does_not_depend_on_its_neighbours():
+    linear = RowInt8Linear(nn.Linear(64, 40))
+    generator = torch.Generator().manual_seed(1)
+    block = torch.randn(6, 64, generator=generator)
+    block[3] *= 50.0  # an outlier row would widen a shared activation range
+    singles = torch.cat([linear(block[i : i + 1]) for i in range(6)])
+    assert torch.equal(linear(block), singles)
+
+
+def test_tall_weights_are_split_into_pieces(monkeypatch):
+    monkeypatch.setattr(int8, "ROWS_PER_PIECE", 16)
+    layer = nn.Linear(8, 40)
+    split = RowInt8Linear(layer)
+    assert len(split.pieces) == 3
+    monkeypatch.setattr(int8, "ROWS_PER_PIECE", 1000)
+    x = torch.randn(3, 8)
+    assert torch.equal(split(x), RowInt8Linear(layer)(x))
+
+
+@pytest.fixture(scope="module")
+def int8_pair():
+    target = make_int8_batch_invariant(tiny_llama(seed=0))
+    draft = make_int8_batch_invariant(perturbed_copy(tiny_llama(seed=0), noise=0.03, seed=1))
+    return target, draft
+
+
+def test_block_logits_equal_one_token_steps_bit_for_bit(int8_pair):
+    model = backend(int8_pair[0])
+    model.forward([1, 2, 3])
+    block = model.forward([4, 5, 6, 7, 8])
+    model.truncate(3)
+    steps = torch.cat([model.forward([t]) for t in (4, 5, 6, 7, 8)])
+    assert torch.equal(block, steps)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_int8_greedy_speculation_equals_int8_plain(int8_pair, k):
+    target, draft = int8_pair
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    expected = Engine(backend(target)).generate([5, 9, 2], params)
+    out = Engine(backend(target), ModelDrafter(backend(draft))).generate([5, 9, 2], params, SpecConfig(k=k))
+    assert out.token_ids == expected.token_ids
+    assert out.stats.accepted_tokens > 0
