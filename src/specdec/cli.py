@@ -71,7 +71,10 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookup-min-ngram", type=int, default=1,
                    help="lookup: shortest tail worth matching (default: 1)")
     p.add_argument("--ngram-model", help="ngram: a file made by 'specdec ngram build'")
-    p.add_argument("-k", type=int, default=4, help="drafted tokens per round (default: 4; 0 = plain)")
+    p.add_argument("-k", type=k_value, default="auto",
+                   help="drafted tokens per round: a number (0 = plain) or auto, chosen each round "
+                        "from measured acceptance and costs (default: auto)")
+    p.add_argument("--max-k", type=int, default=8, help="the most drafts per round with -k auto (default: 8)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature; 0 = greedy (default: 0)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
@@ -138,7 +141,7 @@ def _generate(args: argparse.Namespace) -> int:
         top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
     )
     kinds = drafter_kinds(args.drafter)
-    spec = SpecConfig(k=args.k if kinds else 0)
+    spec = SpecConfig(k=args.k if kinds else 0, max_k=args.max_k)
     if "ngram" in kinds and not args.ngram_model:
         raise UsageError("--drafter ngram needs --ngram-model FILE (make one with 'specdec ngram build')")
     engine = _build_engine(args, kinds)
@@ -155,6 +158,15 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 DRAFTER_KINDS = ("model", "lookup", "ngram")
+
+
+def k_value(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
 
 
 def drafter_kinds(spec: str) -> list[str]:
@@ -181,7 +193,7 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
         drafters = []
-        for kind in kinds if args.k > 0 else []:
+        for kind in kinds if args.k != 0 else []:
             if kind == "model":
                 drafters.append(ModelDrafter(load_backend(args.draft, args.dtype, args.cache_dir, progress)))
             elif kind == "lookup":

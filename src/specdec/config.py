@@ -56,12 +56,23 @@ class SamplingParams:
 @dataclass(frozen=True)
 class SpecConfig:
     """How speculation runs. ``k`` is the number of drafted tokens per round (the paper's
-    gamma, vLLM's num_speculative_tokens); ``k == 0`` is plain autoregressive decoding."""
+    gamma, vLLM's num_speculative_tokens); ``k == 0`` is plain autoregressive decoding.
+    ``k == "auto"`` lets ``controller.AdaptiveK`` choose it each round, up to ``max_k``,
+    from the acceptance and costs it measures."""
 
-    k: int = 4
+    k: int | str = 4
+    max_k: int = 8
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, int):
-            raise ValueError(f"k must be an integer >= 0, got {self.k!r}")
-        if self.k < 0:
+        if self.k == "auto":
+            pass
+        elif isinstance(self.k, bool) or not isinstance(self.k, int):
+            raise ValueError(f"k must be an integer >= 0 or 'auto', got {self.k!r}")
+        elif self.k < 0:
             raise ValueError(f"k must be >= 0 (0 disables speculation), got {self.k}")
+        if isinstance(self.max_k, bool) or not isinstance(self.max_k, int) or self.max_k < 1:
+            raise ValueError(f"max_k must be an integer >= 1, got {self.max_k!r}")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.k == "auto"

@@ -19,6 +19,7 @@ import torch
 
 from specdec.backends.base import Backend, common_prefix_length
 from specdec.config import SamplingParams, SpecConfig
+from specdec.controller import AdaptiveK
 from specdec.detokenizer import Detokenizer
 from specdec.drafters.base import Drafter, Proposal
 from specdec.metrics import SpecStats
@@ -60,6 +61,8 @@ class Engine:
             )
         self.target = target
         self.drafter = drafter
+        # k="auto" learns acceptance and costs; they carry over to the next request.
+        self.controller: AdaptiveK | None = None
 
     def generate(
         self,
@@ -112,7 +115,16 @@ class _Run:
         self.target = engine.target
         self.drafter = engine.drafter
         self.params = params
-        self.k = spec.k if engine.drafter is not None else 0
+        self.controller = None
+        if engine.drafter is None:
+            self.k = 0
+        elif spec.adaptive:
+            if engine.controller is None or engine.controller.max_k != spec.max_k:
+                engine.controller = AdaptiveK(max_k=spec.max_k)
+            self.controller = engine.controller
+            self.k = spec.max_k
+        else:
+            self.k = spec.k
         self.sampler = Sampler(params)
         self.detokenizer = detokenizer
         self.context = list(prompt)
@@ -142,34 +154,39 @@ class _Run:
         self.stats.target_seconds += time.perf_counter() - started
 
     def _round(self) -> Chunk:
-        proposal = self._propose()
+        proposal, draft_seconds = self._propose()
         k = len(proposal.token_ids)
         started = time.perf_counter()
         logits = self.target.forward([self.context[-1]] + proposal.token_ids)  # [k + 1, vocab]
+        pass_seconds = time.perf_counter() - started
         self.stats.target_forwards += 1
-        self.stats.target_seconds += time.perf_counter() - started
         result = self._verify(proposal, logits)
         started = time.perf_counter()
         # Keep the last context token and the accepted drafts; the new token is fed next round.
         self.target.truncate(len(self.context) + result.num_accepted)
-        self.stats.target_seconds += time.perf_counter() - started
+        self.stats.target_seconds += pass_seconds + time.perf_counter() - started
+        self.stats.drafter_seconds += draft_seconds
         self.stats.record_round(k, result.num_accepted, result.bonus, result.residual_fallback,
                                 proposal.drafter)
+        if self.controller is not None:
+            self.controller.observe(k, result.num_accepted, proposal.confidences,
+                                    draft_seconds, pass_seconds)
         return self._emit(result, proposal)
 
-    def _propose(self) -> Proposal:
+    def _propose(self) -> tuple[Proposal, float]:
         remaining = self.params.max_tokens - len(self.generated)
+        k = self.controller.choose_k() if self.controller is not None else self.k
         # A round emits up to k + 1 tokens; never draft past max_tokens or the context.
-        k = min(self.k, remaining - 1)
+        k = min(k, remaining - 1)
         if self.target.max_length is not None:
             k = min(k, self.target.max_length - len(self.context) - 1)
         if k <= 0:
-            return Proposal([])
+            return Proposal([]), 0.0
+        keep_going = self.controller.keep_going if self.controller is not None else None
         started = time.perf_counter()
-        proposal = self.drafter.propose(self.context, k, self.sampler)
-        self.stats.drafter_seconds += time.perf_counter() - started
+        proposal = self.drafter.propose(self.context, k, self.sampler, keep_going)
         assert len(proposal.token_ids) <= k, "drafter proposed more than k tokens"
-        return proposal
+        return proposal, time.perf_counter() - started
 
     def _verify(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
         draft_ids = torch.tensor(proposal.token_ids, dtype=torch.long)

@@ -34,3 +34,40 @@ def expected_speedup(alpha: float, k: int, c: float, v: float = 1.0) -> float:
 def _check_alpha(alpha: float) -> None:
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+
+
+def expected_tokens_per_round_by_position(acceptance: list[float], k: int) -> float:
+    """1 + sum over j <= k of P(drafts 1..j all accepted), with a rate per position.
+
+    With every rate equal to alpha this is ``expected_tokens_per_round(alpha, k)``.
+    """
+    expected, reach = 1.0, 1.0
+    for position in range(k):
+        alpha = acceptance[min(position, len(acceptance) - 1)] if acceptance else 0.0
+        reach *= alpha
+        expected += reach
+    return expected
+
+
+def speedup_curve(alpha: float, c: float, verify_cost: list[float], max_k: int) -> list[float]:
+    """Expected speedup for k = 0..max_k; ``verify_cost[n]`` = v of an n-token pass (index 0 unused)."""
+    return [
+        expected_speedup(alpha, k, c, verify_cost[min(k + 1, len(verify_cost) - 1)])
+        for k in range(max_k + 1)
+    ]
+
+
+def optimal_k(alpha: float, c: float, verify_cost: list[float] | None = None, max_k: int = 16) -> int:
+    """The k in 0..max_k with the highest expected speedup (0 = do not speculate).
+
+    ``verify_cost[n]`` is the cost of an n-token pass over a 1-token step; None means a
+    memory-bound target (v = 1 for every n).
+
+    >>> optimal_k(0.8, 0.05)        # cheap draft, good acceptance: speculate deep
+    8
+    >>> optimal_k(0.3, 0.5)         # poor acceptance, costly draft: don't
+    0
+    """
+    costs = verify_cost or [1.0] * (max_k + 2)
+    curve = speedup_curve(alpha, c, costs, max_k)
+    return max(range(len(curve)), key=lambda k: (curve[k], -k))

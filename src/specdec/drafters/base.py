@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
 from specdec.sampling import Sampler
+
+
+KeepGoing = Callable[[list[float]], bool]
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,7 @@ class Proposal:
     token_ids: list[int]
     draft_probs: torch.Tensor | None = None
     drafter: str = ""  # which drafter proposed it (a composite drafter names its member)
+    confidences: list[float] | None = None  # the drafter's probability of each of its tokens
 
     def __post_init__(self) -> None:
         if self.draft_probs is not None:
@@ -30,6 +34,11 @@ class Drafter(Protocol):
     name: str
     vocab_size: int | None  # None: the drafter works on any vocabulary (e.g. lookup)
 
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Proposal:
-        """Draft at most k tokens following ``context`` (prompt + accepted output)."""
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
+                keep_going: KeepGoing | None = None) -> Proposal:
+        """Draft at most k tokens following ``context`` (prompt + accepted output).
+
+        A drafter that drafts token by token may call ``keep_going(confidences)`` after each
+        token and stop early when it returns False; others may ignore it.
+        """
         ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.base import Drafter, KeepGoing, Proposal
 from specdec.sampling import Sampler
 
 
@@ -24,10 +24,11 @@ class FallbackDrafter:
         self.name = "+".join(d.name for d in drafters)
         self.vocab_size = sizes.pop() if sizes else None
 
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
+                keep_going: KeepGoing | None = None) -> Proposal:
         proposal = Proposal([], drafter=self.name)
         for drafter in self.drafters:
-            proposal = drafter.propose(context, k, sampler)
+            proposal = drafter.propose(context, k, sampler, keep_going)
             if proposal.token_ids:
                 return proposal
         return proposal

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdec.drafters.base import Proposal
+from specdec.drafters.base import KeepGoing, Proposal
 from specdec.sampling import Sampler
 
 
@@ -35,7 +35,8 @@ class PromptLookupDrafter:
         self._tokens: list[int] = []
         self._latest_end: dict[tuple[int, ...], int] = {}
 
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
+                keep_going: KeepGoing | None = None) -> Proposal:
         if k <= 0:
             return Proposal([], drafter=self.name)
         self._sync(context)

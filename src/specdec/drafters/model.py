@@ -8,7 +8,7 @@ import torch
 
 from specdec.backends.base import Backend, common_prefix_length
 from specdec.config import SamplingParams
-from specdec.drafters.base import Proposal
+from specdec.drafters.base import KeepGoing, Proposal
 from specdec.sampling import Sampler
 
 _GREEDY = SamplingParams(temperature=0.0)
@@ -29,7 +29,8 @@ class ModelDrafter:
         self.backend = backend
         self.vocab_size = backend.vocab_size
 
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
+                keep_going: KeepGoing | None = None) -> Proposal:
         assert len(context) > 0, "drafting needs a context"
         sampler = sampler or Sampler(_GREEDY)
         if self.backend.max_length is not None:
@@ -42,12 +43,26 @@ class ModelDrafter:
         logits = self.backend.forward(context[keep:])[-1]
         token_ids: list[int] = []
         probs: list[torch.Tensor] = []
+        confidences: list[float] = []
         while True:
             token_id, token_probs = sampler.pick(logits)
             token_ids.append(token_id)
             if token_probs is not None:
                 probs.append(token_probs)
+            if keep_going is not None:
+                confidences.append(_confidence(logits, token_id, token_probs))
+                if len(token_ids) < k and not keep_going(confidences):
+                    break
             if len(token_ids) == k:
                 break
             logits = self.backend.forward([token_id])[-1]
-        return Proposal(token_ids, torch.stack(probs) if probs else None, self.name)
+        return Proposal(token_ids, torch.stack(probs) if probs else None, self.name,
+                        confidences if keep_going is not None else None)
+
+
+def _confidence(logits: torch.Tensor, token_id: int, probs: torch.Tensor | None) -> float:
+    """The draft's probability of its own token: from the sampled distribution, or the
+    softmax of the raw logits when greedy."""
+    if probs is None:
+        probs = torch.softmax(logits.float(), dim=-1)
+    return float(probs[token_id])

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from specdec.config import SamplingParams
-from specdec.drafters.base import Proposal
+from specdec.drafters.base import KeepGoing, Proposal
 from specdec.sampling import Sampler
 
 _GREEDY = SamplingParams(temperature=0.0)
@@ -90,7 +90,8 @@ class NGramDrafter:
         self.model = model
         self.vocab_size = model.vocab_size
 
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
+                keep_going: KeepGoing | None = None) -> Proposal:
         sampler = sampler or Sampler(_GREEDY)
         history = list(context[-(self.model.order - 1) :]) if self.model.order > 1 else []
         token_ids: list[int] = []

@@ -1,0 +1,127 @@
+"""Choosing k each round from measured acceptance and cost (the paper's section 4, online).
+
+One model decides both how deep to draft and when to stop early: a round's expected token
+rate is E[tokens] / time, where E[tokens] = 1 + sum_j P(drafts 1..j accepted) and
+time = j * draft_step + target_pass(j + 1). Before drafting, ``max_k`` picks the j that
+maximises it from per-position acceptance. While drafting, ``keep_going`` sees the draft's
+confidence in each token it just drafted, turns it into an acceptance probability
+(calibrated online by confidence bucket), and stops as soon as one more draft would lower
+the expected rate: a low-confidence draft ends the round. No separate threshold knob.
+
+All evidence decays (``decay`` per round), so the controller follows a change of text, and
+each rate also holds one undecaying pseudo-observation of an optimistic prior: after rounds
+without drafting, the estimate drifts back up and the controller tries drafting again rather
+than staying stuck on one unlucky round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.theory import expected_tokens_per_round_by_position
+
+BUCKETS = 10
+POSITION_PRIOR = 0.8  # optimistic: acceptance of a same-family draft model
+PRIOR_WEIGHT = 1.0  # pseudo-observations of the prior, never decayed
+
+
+def _ema(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else (1.0 - weight) * old + weight * new
+
+
+@dataclass
+class AdaptiveK:
+    max_k: int = 8
+    decay: float = 0.9
+    # Decayed (accepted, reached) pseudo-counts: per draft position, and per confidence bucket.
+    position_counts: list[list[float]] = field(default_factory=list)
+    bucket_counts: list[list[float]] = field(default_factory=list)
+    draft_step_seconds: float | None = None
+    pass_seconds: dict[int, float] = field(default_factory=dict)  # block size -> seconds
+
+    def __post_init__(self) -> None:
+        self.position_counts = self.position_counts or [[0.0, 0.0] for _ in range(self.max_k)]
+        # Buckets' prior (in _rate): a calibrated drafter, acceptance = its confidence.
+        self.bucket_counts = self.bucket_counts or [[0.0, 0.0] for _ in range(BUCKETS)]
+
+    # ---- decisions ----------------------------------------------------------------
+
+    def choose_k(self) -> int:
+        """The draft depth that maximises the expected token rate (at most ``max_k``)."""
+        if self.draft_step_seconds is None or not self.pass_seconds:
+            return min(4, self.max_k)  # measure first
+        acceptance = [_rate(counts, POSITION_PRIOR) for counts in self.position_counts]
+        rates = [
+            expected_tokens_per_round_by_position(acceptance, k) / self.round_seconds(k)
+            for k in range(self.max_k + 1)
+        ]
+        return max(range(len(rates)), key=lambda k: (rates[k], -k))
+
+    def keep_going(self, confidences: list[float]) -> bool:
+        """After drafting ``len(confidences)`` tokens: is one more worth it?"""
+        n = len(confidences)
+        if n >= self.max_k:
+            return False
+        if self.draft_step_seconds is None or not self.pass_seconds:
+            return True
+        reach, expected = 1.0, 1.0
+        for confidence in confidences:
+            reach *= self.acceptance_at(confidence)
+            expected += reach
+        next_acceptance = _rate(self.position_counts[n], POSITION_PRIOR)
+        more = (expected + reach * next_acceptance) / self.round_seconds(n + 1)
+        return more > expected / self.round_seconds(n)
+
+    def acceptance_at(self, confidence: float) -> float:
+        bucket = _bucket(confidence)
+        return _rate(self.bucket_counts[bucket], (bucket + 0.5) / BUCKETS)
+
+    def round_seconds(self, k: int) -> float:
+        return k * (self.draft_step_seconds or 0.0) + self.pass_estimate(k + 1)
+
+    def pass_estimate(self, n: int) -> float:
+        """Target pass time for n tokens: measured, else a line through the measured sizes."""
+        if n in self.pass_seconds:
+            return self.pass_seconds[n]
+        sizes = sorted(self.pass_seconds)
+        if len(sizes) == 1:
+            # One size seen: assume a memory-bound pass (cost grows slowly) until measured.
+            only = sizes[0]
+            return self.pass_seconds[only] * (1.0 + 0.05 * (n - only))
+        mean_n = sum(sizes) / len(sizes)
+        mean_t = sum(self.pass_seconds[s] for s in sizes) / len(sizes)
+        slope = sum((s - mean_n) * (self.pass_seconds[s] - mean_t) for s in sizes) / sum(
+            (s - mean_n) ** 2 for s in sizes
+        )
+        return max(1e-9, mean_t + max(0.0, slope) * (n - mean_n))
+
+    # ---- learning -----------------------------------------------------------------
+
+    def observe(self, k: int, num_accepted: int, confidences: list[float] | None,
+                draft_seconds: float, pass_seconds: float) -> None:
+        """Update from one round: what was drafted, what survived, what it cost."""
+        weight = 1.0 - self.decay
+        if k > 0:
+            self.draft_step_seconds = _ema(self.draft_step_seconds, draft_seconds / k, weight)
+        self.pass_seconds[k + 1] = _ema(self.pass_seconds.get(k + 1), pass_seconds, weight)
+        for counts in self.position_counts + self.bucket_counts:
+            counts[0] *= self.decay
+            counts[1] *= self.decay
+        for position in range(min(k, num_accepted + 1)):  # positions the verifier reached
+            accepted = float(position < num_accepted)
+            self.position_counts[position][0] += accepted
+            self.position_counts[position][1] += 1.0
+            if confidences is not None and position < len(confidences):
+                bucket = self.bucket_counts[_bucket(confidences[position])]
+                bucket[0] += accepted
+                bucket[1] += 1.0
+
+
+def _rate(counts: list[float], prior: float) -> float:
+    """accepted / reached, with PRIOR_WEIGHT pseudo-observations of ``prior``."""
+    accepted, reached = counts
+    return (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
+
+
+def _bucket(confidence: float) -> int:
+    return min(BUCKETS - 1, max(0, int(confidence * BUCKETS)))

@@ -1,0 +1,108 @@
+"""Adaptive k: the cost model's decisions on hand-set estimates, and exactness through the engine."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from helpers import VOCAB, assert_same_distribution, backend, perturbed_copy, tiny_llama
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.controller import AdaptiveK
+from specdec.drafters import ModelDrafter
+from specdec.theory import optimal_k
+
+
+def trained(acceptance: float, draft_step: float, pass_seconds: dict[int, float], max_k=8) -> AdaptiveK:
+    controller = AdaptiveK(max_k=max_k)
+    controller.position_counts = [[acceptance * 1000, 1000.0] for _ in range(max_k)]
+    controller.draft_step_seconds = draft_step
+    controller.pass_seconds = dict(pass_seconds)
+    return controller
+
+
+def test_measures_before_it_decides():
+    assert AdaptiveK().choose_k() == 4
+
+
+def test_explores_again_after_rounds_without_drafting():
+    controller = trained(0.8, 0.1, {n: 1.0 for n in range(1, 10)})
+    controller.position_counts = [[0.0, 30.0] for _ in range(8)]  # everything rejected lately
+    assert controller.choose_k() == 0
+    for _ in range(40):
+        controller.observe(k=0, num_accepted=0, confidences=None, draft_seconds=0.0, pass_seconds=1.0)
+    assert controller.choose_k() > 0
+
+
+def test_matches_the_papers_optimal_k_for_a_memory_bound_target():
+    for alpha, c in [(0.9, 0.05), (0.8, 0.1), (0.6, 0.3), (0.3, 0.6)]:
+        controller = trained(alpha, c, {n: 1.0 for n in range(1, 10)})
+        assert controller.choose_k() == optimal_k(alpha, c, max_k=8), (alpha, c)
+
+
+def test_a_costly_verify_pass_shortens_k():
+    flat = trained(0.85, 0.1, {n: 1.0 for n in range(1, 10)})
+    steep = trained(0.85, 0.1, {n: 1.0 + 0.6 * (n - 1) for n in range(1, 10)})
+    assert steep.choose_k() < flat.choose_k()
+
+
+def test_low_confidence_ends_the_draft_early():
+    controller = trained(0.8, 0.1, {n: 1.0 for n in range(1, 10)})
+    assert controller.keep_going([0.95, 0.9])
+    assert not controller.keep_going([0.95, 0.02])
+
+
+def test_pass_time_is_interpolated_from_measured_sizes():
+    controller = trained(0.8, 0.1, {1: 1.0, 5: 2.0})
+    assert controller.pass_estimate(3) == pytest.approx(1.5)
+    assert controller.pass_estimate(9) == pytest.approx(3.0)
+
+
+def test_observe_learns_acceptance_and_costs():
+    controller = AdaptiveK(max_k=4, decay=0.9)
+    for _ in range(60):
+        controller.observe(k=4, num_accepted=1, confidences=[0.95, 0.95, 0.95, 0.95],
+                           draft_seconds=0.4, pass_seconds=2.0)
+    assert controller.draft_step_seconds == pytest.approx(0.1)
+    assert controller.pass_seconds[5] == pytest.approx(2.0)
+    assert controller.position_counts[0][0] / controller.position_counts[0][1] == pytest.approx(1.0, abs=0.01)
+    assert controller.position_counts[1][0] / controller.position_counts[1][1] == pytest.approx(0.0, abs=0.01)
+    assert controller.choose_k() == 1
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_llama(seed=10, init=0.3)
+    return target, perturbed_copy(target, noise=0.05, seed=11)
+
+
+def test_auto_k_greedy_equals_plain_and_records_its_choices(pair):
+    target, draft = pair
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    expected = Engine(backend(target)).generate([1, 2, 3], params)
+    engine = Engine(backend(target), ModelDrafter(backend(draft)))
+    out = engine.generate([1, 2, 3], params, SpecConfig(k="auto", max_k=6))
+    assert out.token_ids == expected.token_ids
+    assert sum(out.stats.k_per_round.values()) == out.stats.rounds
+    assert max(out.stats.k_per_round) <= 6
+    assert engine.controller is not None and engine.controller.pass_seconds
+
+
+def test_auto_k_sampling_is_exact(pair):
+    target, draft = pair
+    prompt = [3, 1, 4, 1, 5]
+    params = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
+    engine = Engine(backend(target), ModelDrafter(backend(draft)))
+    counts = np.zeros(VOCAB)
+    for seed in range(1500):
+        out = engine.generate(prompt, replace(params, seed=seed), SpecConfig(k="auto", max_k=4))
+        counts[out.token_ids[1]] += 1
+    from test_engine_statistical import PROMPT, second_token_marginal
+
+    assert PROMPT == prompt
+    assert_same_distribution(counts, second_token_marginal(target, params))
+
+
+@pytest.mark.parametrize("value", ["fast", -1, 2.5])
+def test_bad_k(value):
+    with pytest.raises(ValueError, match="k must be"):
+        SpecConfig(k=value)
