@@ -2,59 +2,15 @@
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
-import torch
 from scipy import stats as scipy_stats
-from tokenizers import Tokenizer, decoders, models
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specdec.backends.hf import HFModel
-
-CHARS = "abcdefghijklmnopqrstuvwxyz .,\n!"
-EOS_ID = 0
-VOCAB = 1 + len(CHARS)  # 32: "<eos>" then one token per character
+from specdec.bench.tiny import CHARS, EOS_ID, VOCAB, char_tokenizer, perturbed_copy, tiny_llama  # noqa: F401
 
 # Chi-square tests reject at this level: with fresh random seeds a correct sampler would fail
 # about 1 run in 10,000. The seeds are fixed, so the suite itself is deterministic.
 SIGNIFICANCE = 1e-4
-
-
-def char_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer over CHARS with <eos> = 0."""
-    vocab = {"<eos>": EOS_ID, **{c: i + 1 for i, c in enumerate(CHARS)}}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
-    backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
-
-
-def tiny_llama(seed: int, vocab: int = VOCAB, layers: int = 2, init: float = 0.5,
-               eos: int | None = EOS_ID) -> LlamaForCausalLM:
-    """A random float32 Llama. A large ``initializer_range`` makes its distributions peaky
-    enough to look like a language model's rather than uniform."""
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        initializer_range=init, eos_token_id=eos, bos_token_id=None, pad_token_id=None,
-        tie_word_embeddings=False,
-    )
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)  # tests only: model init draws from the global RNG
-    model = LlamaForCausalLM(config).eval()
-    torch.random.set_rng_state(generator_state)
-    return model
-
-
-def perturbed_copy(model: LlamaForCausalLM, noise: float, seed: int) -> LlamaForCausalLM:
-    """A different model that agrees with ``model`` often: weights + noise * N(0, std)."""
-    draft = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for weight in draft.parameters():
-            scale = noise * float(weight.std()) if weight.numel() > 1 else 0.0
-            weight.add_(torch.randn(weight.shape, generator=generator) * scale)
-    return draft
 
 
 def backend(model, tokenizer=None) -> HFModel:

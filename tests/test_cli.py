@@ -94,7 +94,7 @@ def test_missing_model_directory(tmp_path):
     ("What is the capital of France?", False),
 ])
 def test_code_looking_prompts_are_completed_raw(prompt, is_code):
-    from specdec.cli import looks_like_code
+    from specdec.prompting import looks_like_code
 
     assert looks_like_code(prompt) is is_code
 

@@ -7,6 +7,7 @@ import sys
 
 from specdec.config import SamplingParams, SpecConfig
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelError
+from specdec.prompting import encode_prompt
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     _add_generate_arguments(generate)
+    from specdec.bench import command as bench_command
+
+    bench_command.add_parser(commands)
     ngram = commands.add_parser("ngram", help="n-gram drafter models")
     ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True, parser_class=_Parser)
     build = ngram_commands.add_parser(
@@ -115,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "bench":
+            from specdec.bench import command as bench_command
+
+            return bench_command.run(args)
         if args.command == "ngram":
             return _ngram_build(args)
         if args.command == "models":
@@ -146,6 +154,7 @@ def _generate(args: argparse.Namespace) -> int:
         raise UsageError("--drafter ngram needs --ngram-model FILE (make one with 'specdec ngram build')")
     engine = _build_engine(args, kinds)
     prompt_ids = encode_prompt(engine.target.tokenizer, args.prompt, args.template)
+
     if args.json:
         out = engine.generate(prompt_ids, params, spec)
         compare = cli_output.compare_plain(engine, prompt_ids, params, out) if args.compare else None
@@ -233,33 +242,6 @@ def _ngram_build(args: argparse.Namespace) -> int:
     sys.stderr.write(f"saved {args.output}: order {args.order}, {tokens} tokens, "
                      f"{len(model.counts)} contexts\n")
     return 0
-
-
-CODE_STARTS = ("def ", "class ", "import ", "from ", "#", "//", "/*", "fn ", "func ", "package ",
-               "public ", "#include", "function ", "const ", "let ", "var ", "<?php", "<!DOCTYPE")
-
-
-def looks_like_code(prompt: str) -> bool:
-    stripped = prompt.strip()
-    if not stripped:
-        return False
-    first_line = stripped.splitlines()[0]
-    return first_line.startswith(CODE_STARTS) or prompt.rstrip(" ").endswith((":", "{", "(", "\n"))
-
-
-def encode_prompt(tokenizer, prompt: str, template: str) -> list[int]:
-    """Token ids of the prompt, raw or wrapped in the chat template (see --help)."""
-    if not prompt:
-        raise UsageError("the prompt is empty")
-    use_chat = template == "chat" or (template == "auto" and not looks_like_code(prompt))
-    if use_chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-        )
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    if use_chat and template == "chat":
-        raise UsageError("this model's tokenizer has no chat template: use --raw")
-    return tokenizer.encode(prompt)
 
 
 if __name__ == "__main__":

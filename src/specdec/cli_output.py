@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -32,7 +32,7 @@ def output_dict(out: Output) -> dict:
 def progress_bar() -> Iterator:
     """A ``models.Progress`` callback drawing rich bars on stderr, one per step."""
     console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as bars:
         tasks: dict[str, int] = {}
 

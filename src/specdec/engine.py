@@ -143,15 +143,16 @@ class _Run:
             yield chunk
 
     def _prefill(self) -> None:
-        """Bring the target cache to ``context[:-1]``, reusing a prefix it already holds."""
+        """Bring the target cache to ``context[:-1]``, reusing a prefix it already holds, and
+        let the drafter fill its own cache. Timed as prefill, not as decode-phase costs."""
         goal = self.context[:-1]
         keep = common_prefix_length(self.target.cached_token_ids, goal)
-        started = time.perf_counter()
         self.target.truncate(keep)
         if keep < len(goal):
             self.target.forward(goal[keep:])
             self.stats.target_forwards += 1
-        self.stats.target_seconds += time.perf_counter() - started
+        if self.drafter is not None and self.k != 0:
+            self.drafter.prepare(self.context)
 
     def _round(self) -> Chunk:
         proposal, draft_seconds = self._propose()

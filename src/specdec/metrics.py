@@ -8,7 +8,9 @@ Conventions (written once here; the CLI, server and bench read them, never recom
 - ``by_drafter[name]`` = rounds, drafted, accepted and acceptance_rate of the rounds that
   drafter proposed (a composite drafter names its member).
 - ``per_position_acceptance[i]`` = P(draft i accepted | drafts before it accepted).
-- ``overhead_seconds`` = wall time not spent inside the drafter or the target forward.
+- ``prefill_seconds`` = processing the prompt (both models); ``drafter_seconds`` and
+  ``target_seconds`` = the decode phase only; ``overhead_seconds`` = the rest of the wall
+  time (verification, sampling, detokenizing, the loop itself).
 - ``tokens_per_second`` = generated tokens / total wall time (prefill included).
 """
 
@@ -74,7 +76,8 @@ class SpecStats:
 
     @property
     def overhead_seconds(self) -> float:
-        return max(0.0, self.total_seconds - self.drafter_seconds - self.target_seconds)
+        busy = self.prefill_seconds + self.drafter_seconds + self.target_seconds
+        return max(0.0, self.total_seconds - busy)
 
     @property
     def tokens_per_second(self) -> float:

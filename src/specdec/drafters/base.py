@@ -34,6 +34,11 @@ class Drafter(Protocol):
     name: str
     vocab_size: int | None  # None: the drafter works on any vocabulary (e.g. lookup)
 
+    def prepare(self, context: Sequence[int]) -> None:
+        """Called once per request with the prompt, during prefill: a drafter with a cache
+        fills it here, so that drafting costs (which steer adaptive k) exclude it."""
+        ...
+
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
                 keep_going: KeepGoing | None = None) -> Proposal:
         """Draft at most k tokens following ``context`` (prompt + accepted output).

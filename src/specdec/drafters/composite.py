@@ -24,6 +24,10 @@ class FallbackDrafter:
         self.name = "+".join(d.name for d in drafters)
         self.vocab_size = sizes.pop() if sizes else None
 
+    def prepare(self, context: Sequence[int]) -> None:
+        for drafter in self.drafters:
+            drafter.prepare(context)
+
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
                 keep_going: KeepGoing | None = None) -> Proposal:
         proposal = Proposal([], drafter=self.name)

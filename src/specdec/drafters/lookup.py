@@ -35,6 +35,9 @@ class PromptLookupDrafter:
         self._tokens: list[int] = []
         self._latest_end: dict[tuple[int, ...], int] = {}
 
+    def prepare(self, context: Sequence[int]) -> None:
+        self._sync(context)
+
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
                 keep_going: KeepGoing | None = None) -> Proposal:
         if k <= 0:

@@ -29,6 +29,13 @@ class ModelDrafter:
         self.backend = backend
         self.vocab_size = backend.vocab_size
 
+    def prepare(self, context: Sequence[int]) -> None:
+        goal = list(context[:-1])  # the last token is fed by the first propose
+        keep = common_prefix_length(self.backend.cached_token_ids, goal)
+        self.backend.truncate(keep)
+        if keep < len(goal):
+            self.backend.forward(goal[keep:])
+
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
                 keep_going: KeepGoing | None = None) -> Proposal:
         assert len(context) > 0, "drafting needs a context"

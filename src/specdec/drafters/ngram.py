@@ -90,6 +90,9 @@ class NGramDrafter:
         self.model = model
         self.vocab_size = model.vocab_size
 
+    def prepare(self, context: Sequence[int]) -> None:
+        pass  # nothing to precompute
+
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
                 keep_going: KeepGoing | None = None) -> Proposal:
         sampler = sampler or Sampler(_GREEDY)

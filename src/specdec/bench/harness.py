@@ -1,0 +1,138 @@
+"""Running a benchmark: workloads x systems x repeats, interleaved, with a warm-up.
+
+Repeats are interleaved (system A, B, C on a prompt, then the next prompt; then the whole
+pass again, with the system order rotated) so that a slow spell of a shared machine hits
+every system alike. Each ratio is taken between runs of the same prompt in the same pass.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from importlib import resources
+
+from specdec.bench.systems import RunOutput
+from specdec.config import SamplingParams
+from specdec.prompting import encode_prompt
+
+WORKLOADS = ("code", "edit", "summary", "chat")
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    id: str
+    workload: str
+    template: str
+    prompt: str
+
+
+def load_workloads(names=WORKLOADS, per_workload: int | None = None) -> list[PromptItem]:
+    items = []
+    for name in names:
+        if name not in WORKLOADS:
+            raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+        text = resources.files("specdec.bench").joinpath(f"workloads/{name}.jsonl").read_text()
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        items += [PromptItem(r["id"], name, r["template"], r["prompt"]) for r in rows[:per_workload]]
+    return items
+
+
+@dataclass(frozen=True)
+class Run:
+    system: str
+    workload: str
+    prompt_id: str
+    repeat: int
+    prompt_tokens: int
+    generated_tokens: int
+    seconds: float
+    tokens_per_second: float
+    identical_to_baseline: bool | None
+    stats: dict | None
+    token_ids: list[int]
+
+
+def run_benchmark(systems: dict, items: list[PromptItem], tokenizer, params: SamplingParams,
+                  repeats: int, baseline: str = "plain",
+                  progress: Callable[[str], None] = lambda label: None) -> list[Run]:
+    """All runs; ``systems`` maps a name to an object with ``run(prompt_ids, params)``."""
+    assert baseline in systems, "the baseline system must be part of the run"
+    chat_ok = bool(getattr(tokenizer, "chat_template", None))  # tiny test tokenizers have none
+    encoded = {item.id: encode_prompt(tokenizer, item.prompt, item.template if chat_ok else "raw")
+               for item in items}
+    _warm_up(systems, encoded[items[0].id], params)
+    names = list(systems)
+    runs: list[Run] = []
+    for repeat in range(repeats):
+        order = names[repeat % len(names):] + names[: repeat % len(names)]
+        for item in items:
+            outputs: dict[str, RunOutput] = {}
+            for name in order:
+                progress(f"pass {repeat + 1}/{repeats} {item.id} {name}")
+                outputs[name] = systems[name].run(encoded[item.id], params)
+            reference = outputs[baseline].token_ids
+            for name in names:
+                out = outputs[name]
+                runs.append(Run(
+                    name, item.workload, item.id, repeat, len(encoded[item.id]), len(out.token_ids),
+                    out.seconds, len(out.token_ids) / out.seconds if out.seconds else 0.0,
+                    (out.token_ids == reference) if params.greedy else None, out.stats, out.token_ids,
+                ))
+    return runs
+
+
+def _warm_up(systems: dict, prompt_ids: list[int], params: SamplingParams) -> None:
+    """One short run per system: first-call costs (allocations, lazy init) stay out."""
+    short = SamplingParams(max_tokens=min(4, params.max_tokens), temperature=params.temperature,
+                           top_k=params.top_k, top_p=params.top_p, seed=params.seed)
+    for system in systems.values():
+        system.run(prompt_ids, short)
+
+
+# ---- summaries ------------------------------------------------------------------------
+
+
+def summarize(runs: list[Run], baseline: str = "plain") -> list[dict]:
+    """One row per (workload, system): medians and ranges over prompts x repeats.
+
+    ``speedup`` is the median, over (prompt, pass), of this system's tokens/s divided by the
+    baseline's on the same prompt in the same pass.
+    """
+    base = {(r.prompt_id, r.repeat): r.tokens_per_second for r in runs if r.system == baseline}
+    rows = []
+    keys = sorted({(r.workload, r.system) for r in runs}, key=lambda k: (WORKLOADS.index(k[0])
+                  if k[0] in WORKLOADS else 99, _system_order(runs).index(k[1])))
+    for workload, system in keys:
+        mine = [r for r in runs if r.workload == workload and r.system == system]
+        tps = [r.tokens_per_second for r in mine]
+        ratios = [r.tokens_per_second / base[(r.prompt_id, r.repeat)] for r in mine
+                  if base.get((r.prompt_id, r.repeat))]
+        stats = [r.stats for r in mine if r.stats]
+        drafted = sum(s["drafted_tokens"] for s in stats)
+        rounds = sum(s["rounds"] for s in stats)
+        identical = [r.identical_to_baseline for r in mine if r.identical_to_baseline is not None]
+        rows.append({
+            "workload": workload, "system": system, "runs": len(mine),
+            "tokens_per_second": statistics.median(tps), "tokens_per_second_min": min(tps),
+            "tokens_per_second_max": max(tps),
+            "speedup": statistics.median(ratios) if ratios else None,
+            "speedup_min": min(ratios) if ratios else None, "speedup_max": max(ratios) if ratios else None,
+            "acceptance_rate": sum(s["accepted_tokens"] for s in stats) / drafted if drafted else None,
+            "mean_accepted_length": 1 + sum(s["accepted_tokens"] for s in stats) / rounds if rounds and drafted else None,
+            "identical": sum(identical) / len(identical) if identical else None,
+        })
+    return rows
+
+
+def _system_order(runs: list[Run]) -> list[str]:
+    seen: list[str] = []
+    for run in runs:
+        if run.system not in seen:
+            seen.append(run.system)
+    return seen
+
+
+def runs_to_json(runs: list[Run]) -> list[dict]:
+    return [asdict(run) for run in runs]
