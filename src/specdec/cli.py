@@ -42,6 +42,25 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.bench import command as bench_command
 
     bench_command.add_parser(commands)
+    serve = commands.add_parser(
+        "serve", help="OpenAI-compatible HTTP server with speculative decoding",
+        description="Serve /v1/completions and /v1/chat/completions (streaming or not), /v1/models, "
+                    "/health and Prometheus /metrics. Requests are decoded by one worker thread, a "
+                    "round at a time, round-robin over up to --max-active requests, each with its "
+                    "own KV caches; --max-queue more may wait, beyond that the answer is 503.")
+    serve.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})")
+    serve.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default: {DEFAULT_DRAFT})")
+    serve.add_argument("--drafter", default="model", choices=["model", "lookup", "lookup+model", "none"],
+                       help="default drafter; a request may pick another with the 'drafter' field")
+    serve.add_argument("-k", type=k_value, default="auto",
+                       help="default speculative tokens per round (or auto); per request: num_speculative_tokens")
+    serve.add_argument("--dtype", choices=["int8", "bfloat16", "float32"], default="int8",
+                       help="runtime of both models (default: int8)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    serve.add_argument("--max-active", type=int, default=4, help="requests decoded at once (default: 4)")
+    serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait (default: 16)")
+    serve.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
     ngram = commands.add_parser("ngram", help="n-gram drafter models")
     ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True, parser_class=_Parser)
     build = ngram_commands.add_parser(
@@ -119,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "serve":
+            return _serve(args)
         if args.command == "bench":
             from specdec.bench import command as bench_command
 
@@ -212,6 +233,30 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
     if not drafters:
         return Engine(target)
     return Engine(target, drafters[0] if len(drafters) == 1 else FallbackDrafter(drafters))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from specdec.cli_output import progress_bar
+    from specdec.loading import load_backend
+    from specdec.server import Scheduler, create_app
+
+    if args.max_active < 1 or args.max_queue < 0:
+        raise UsageError("--max-active must be >= 1 and --max-queue >= 0")
+    with progress_bar() as progress:
+        target = load_backend(args.target, args.dtype, args.cache_dir, progress)
+        draft = None
+        if "model" in args.drafter:
+            draft = load_backend(args.draft, args.dtype, args.cache_dir, progress).model
+    scheduler = Scheduler(target.model, target.tokenizer, draft, args.max_active, args.max_queue)
+    scheduler.start()
+    app = create_app(scheduler, model_name=str(args.target), default_k=args.k, default_drafter=args.drafter)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        scheduler.stop()
+    return 0
 
 
 def _ngram_build(args: argparse.Namespace) -> int:

@@ -1,0 +1,144 @@
+"""One worker thread decodes every request, a round at a time, round-robin.
+
+Design: the models are shared and only this thread runs them. Each request gets its own
+Engine over fresh backend wrappers (its own KV caches), so requests never see each other's
+state, and active requests advance one speculative round each in turn: a long request
+cannot starve a short one, and time to first token stays bounded by the number of active
+requests. At most ``max_active`` requests are decoded at once and ``max_queue`` wait; more
+are refused (the app answers 503). A request whose client went away is dropped at its next
+round, freeing its slot. Adaptive-k controllers are shared per drafter kind: what one
+request teaches about acceptance and costs helps the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from specdec.backends.hf import HFModel
+from specdec.config import SamplingParams, SpecConfig
+from specdec.controller import AdaptiveK
+from specdec.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter
+from specdec.engine import Chunk, Engine
+
+END = None  # marks the end of a job's output queue
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    params: SamplingParams
+    spec: SpecConfig
+    drafter: str  # "none", "model", "lookup", "lookup+model"
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def put(self, item: Chunk | Exception | None) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class Scheduler:
+    def __init__(self, target_model, tokenizer, draft_model=None, max_active: int = 4,
+                 max_queue: int = 16, on_queue_change: Callable[[int, int], None] | None = None):
+        self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
+        self.max_active, self.max_queue = max_active, max_queue
+        self.on_queue_change = on_queue_change or (lambda waiting, active: None)
+        self.controllers: dict[str, AdaptiveK] = {}
+        self._pending: collections.deque[Job] = collections.deque()
+        self._active: list[tuple[Job, Iterator[Chunk]]] = []
+        self._admitted = 0  # waiting + active, guarded by _wake
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="specdec-scheduler", daemon=True)
+
+    @property
+    def drafters(self) -> list[str]:
+        kinds = ["none", "lookup"]
+        return kinds + (["model", "lookup+model"] if self.draft_model is not None else [])
+
+    @property
+    def max_length(self) -> int | None:
+        return getattr(self.target_model.config, "max_position_embeddings", None)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+
+    def submit(self, job: Job) -> None:
+        with self._wake:
+            if self._admitted >= self.max_active + self.max_queue:
+                raise QueueFull(f"{self.max_active} requests are decoding and {len(self._pending)} "
+                                "waiting; try again later")
+            self._admitted += 1
+            self._pending.append(job)
+            self._wake.notify()
+
+    # ---- the worker thread --------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending and not self._active and not self._stopped:
+                    self._wake.wait()
+                if self._stopped:
+                    return
+                while self._pending and len(self._active) < self.max_active:
+                    job = self._pending.popleft()
+                    self._active.append((job, self._start(job)))
+                self.on_queue_change(len(self._pending), len(self._active))
+            for entry in list(self._active):
+                if not self._advance(*entry):
+                    self._active.remove(entry)
+                    with self._wake:
+                        self._admitted -= 1
+
+    def _start(self, job: Job) -> Iterator[Chunk]:
+        engine = Engine(HFModel(self.target_model, self.tokenizer), self._drafter(job.drafter))
+        if job.spec.adaptive:
+            key = f"{job.drafter}/{job.spec.max_k}"
+            engine.controller = self.controllers.setdefault(key, AdaptiveK(max_k=job.spec.max_k))
+        return engine.stream(job.prompt_ids, job.params, job.spec)
+
+    def _drafter(self, kind: str):
+        members = []
+        for part in [] if kind == "none" else kind.split("+"):
+            if part == "lookup":
+                members.append(PromptLookupDrafter())
+            elif part == "model":
+                members.append(ModelDrafter(HFModel(self.draft_model)))
+        if not members:
+            return None
+        return members[0] if len(members) == 1 else FallbackDrafter(members)
+
+    def _advance(self, job: Job, rounds: Iterator[Chunk]) -> bool:
+        """One round of one job; False when the job is over (done, failed or abandoned)."""
+        if job.cancelled.is_set():
+            return False
+        try:
+            chunk = next(rounds)
+        except StopIteration:
+            job.put(END)
+            return False
+        except Exception as error:  # reported to that request; the server keeps serving
+            job.put(error)
+            return False
+        job.put(chunk)
+        if chunk.finish_reason is not None:
+            job.put(END)
+            return False
+        return True
