@@ -42,6 +42,25 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.bench import command as bench_command
 
     bench_command.add_parser(commands)
+    tune = commands.add_parser(
+        "tune", help="measure acceptance and costs on your prompts; predicted vs measured speedup per k",
+        description="The paper's analysis on your pair: measures the target's verify-cost curve "
+                    "v(n), the draft/target cost ratio c and the acceptance rate alpha on your "
+                    "prompts, predicts the speedup of every k with (1-a^(k+1))/((1-a)(kc+v)), "
+                    "measures it, prints a table, saves tune.json and tune.png, and recommends k.")
+    tune.add_argument("--prompts", help="a .jsonl file ({\"prompt\": ..., \"template\": raw|chat}) or a "
+                                        "text file with one prompt per line (\\n for newlines)")
+    tune.add_argument("--workload", help="or a shipped workload: code, edit, summary, chat")
+    tune.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})")
+    tune.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default: {DEFAULT_DRAFT})")
+    tune.add_argument("--dtype", choices=["int8", "bfloat16", "float32"], default="int8",
+                      help="runtime of both models (default: int8)")
+    tune.add_argument("--max-k", type=int, default=10, help="largest k to measure (default: 10)")
+    tune.add_argument("--max-tokens", type=int, default=48, help="tokens per prompt (default: 48)")
+    tune.add_argument("--limit", type=int, default=4, help="use at most this many prompts (default: 4)")
+    tune.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    tune.add_argument("--out", default="tune-results", help="folder for tune.json and tune.png")
+    tune.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
     serve = commands.add_parser(
         "serve", help="OpenAI-compatible HTTP server with speculative decoding",
         description="Serve /v1/completions and /v1/chat/completions (streaming or not), /v1/models, "
@@ -138,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "tune":
+            return _tune(args)
         if args.command == "serve":
             return _serve(args)
         if args.command == "bench":
@@ -233,6 +254,45 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
     if not drafters:
         return Engine(target)
     return Engine(target, drafters[0] if len(drafters) == 1 else FallbackDrafter(drafters))
+
+
+def _tune(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from specdec.cli_output import print_tune, progress_bar
+    from specdec.loading import load_backend
+    from specdec.tune import recommend, tune, write_outputs
+
+    if bool(args.prompts) == bool(args.workload):
+        raise UsageError("give --prompts FILE or --workload NAME")
+    if not 1 <= args.max_k <= 16:
+        raise UsageError(f"--max-k must be in 1..16, got {args.max_k}")
+    if args.prompts:
+        path = Path(args.prompts)
+        if not path.is_file():
+            raise UsageError(f"not a file: {args.prompts}")
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        if path.suffix == ".jsonl":
+            rows = [json.loads(line) for line in lines]
+            items = [(row["prompt"], row.get("template", "auto")) for row in rows]
+        else:
+            items = [(line.replace("\\n", "\n"), "auto") for line in lines]
+    else:
+        from specdec.bench.harness import load_workloads
+
+        items = [(item.prompt, item.template) for item in load_workloads([args.workload])]
+    if not items:
+        raise UsageError("no prompts found")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=0)
+    with progress_bar() as progress:
+        target = load_backend(args.target, args.dtype, args.cache_dir, progress)
+        draft = load_backend(args.draft, args.dtype, args.cache_dir, progress)
+        prompts = [encode_prompt(target.tokenizer, text, template) for text, template in items[: args.limit]]
+        costs, rows, alpha = tune(target, draft, prompts, params, args.max_k, progress)
+    paths = write_outputs(Path(args.out), costs, rows, alpha)
+    print_tune(costs, rows, alpha, recommend(rows), paths)
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -139,3 +139,23 @@ def summary_line(stats: SpecStats, finish_reason: str | None) -> str:
             f" | mean accepted length {stats.mean_accepted_length:.2f}"
         )
     return line + f" | finish: {finish_reason}"
+
+
+def print_tune(costs, rows, alpha: dict, recommended: int, paths: dict) -> None:
+    console = Console(highlight=False)
+    console.print(f"target step {costs.step_seconds * 1e3:.1f} ms, draft step "
+                  f"{costs.draft_step_seconds * 1e3:.1f} ms (c = {costs.c:.2f}), acceptance alpha = "
+                  f"{alpha['acceptance_rate']:.3f}, per position "
+                  + " ".join(f"{a:.2f}" for a in alpha["per_position"]))
+    table = Table(title="predicted vs measured speedup over plain decoding")
+    for column in ("k", "v(k+1)", "predicted", "predicted (per-position)", "measured", "error",
+                   "acceptance", "mean accepted length"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        error = (row.predicted_speedup - row.measured_speedup) / row.measured_speedup
+        table.add_row(str(row.k), f"{costs.verify_cost[row.k + 1]:.2f}", f"{row.predicted_speedup:.2f}x",
+                      f"{row.predicted_speedup_by_position:.2f}x", f"{row.measured_speedup:.2f}x",
+                      f"{error:+.0%}", f"{row.acceptance_rate:.2f}", f"{row.mean_accepted_length:.2f}")
+    console.print(table)
+    console.print(f"recommended k: {recommended}" + (" (speculation does not pay here)" if recommended == 0 else ""))
+    console.print(f"saved: {paths['json']}, {paths['plot']}")
