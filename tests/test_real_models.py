@@ -39,9 +39,8 @@ def pair():
     return target, draft
 
 
-@pytest.fixture(scope="module")
-def runs(pair):
-    target, draft = pair
+def plain_and_speculative(target, draft) -> dict:
+    """Greedy, 48 new tokens: (plain, speculative k=4) outputs per prompt."""
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     results = {}
     for name, prompt in PROMPTS.items():
@@ -50,6 +49,11 @@ def runs(pair):
         speculative = Engine(target, ModelDrafter(draft)).generate(prompt_ids, params, SpecConfig(k=4))
         results[name] = plain, speculative
     return results
+
+
+@pytest.fixture(scope="module")
+def runs(pair):
+    return plain_and_speculative(*pair)
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
@@ -76,16 +80,7 @@ def int8_runs(pair):
     """The default runtime: int8, batch-invariant; identity with plain int8 is guaranteed."""
     from specdec.loading import load_backend
 
-    target = load_backend(DEFAULT_TARGET, "int8")
-    draft = load_backend(DEFAULT_DRAFT, "int8")
-    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
-    results = {}
-    for name, prompt in PROMPTS.items():
-        prompt_ids = target.tokenizer.encode(prompt)
-        plain = Engine(target).generate(prompt_ids, params)
-        speculative = Engine(target, ModelDrafter(draft)).generate(prompt_ids, params, SpecConfig(k=4))
-        results[name] = plain, speculative
-    return results
+    return plain_and_speculative(load_backend(DEFAULT_TARGET, "int8"), load_backend(DEFAULT_DRAFT, "int8"))
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
