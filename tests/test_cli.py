@@ -134,3 +134,26 @@ def test_lookup_and_ngram_drafters_from_the_cli(model_dirs, tmp_path, capsys):
 def test_ngram_build_bad_input(capsys, tmp_path):
     assert exit_code(["ngram", "build", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "x.json")]) == 2
     assert "not a file" in capsys.readouterr().err
+
+
+def test_a_pair_with_different_tokenizers_is_refused(model_dirs, tmp_path, capsys):
+    """Same vocabulary size and EOS, but every other id means another character."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    from specdec.bench.tiny import CHARS
+
+    target, draft = model_dirs
+    other = tmp_path / "other"
+    other.mkdir()
+    for source in draft.iterdir():
+        if not source.name.startswith("tokenizer"):
+            (other / source.name).write_bytes(source.read_bytes())
+    rotated = {"<eos>": 0, **{c: 1 + (i + 1) % len(CHARS) for i, c in enumerate(CHARS)}}
+    tokenizer = Tokenizer(models.BPE(vocab=rotated, merges=[], unk_token=None))
+    tokenizer.decoder = decoders.Fuse()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>").save_pretrained(other)
+    code = main(["generate", "hello", "--target", str(target), "--draft", str(other), "--dtype", "float32",
+                 "--max-tokens", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "the tokenizers differ" in err, err

@@ -103,6 +103,12 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"target model: a catalog name or a transformers model directory (default: {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT,
                    help=f"draft model: a catalog name or a directory (default: {DEFAULT_DRAFT})")
+    p.add_argument("--target-runtime", choices=["transformers", "llamacpp"], default="transformers",
+                   help="runtime of the target: transformers (with --dtype) or llamacpp (the GGUF "
+                        "as is; needs the llamacpp extra). Default: transformers")
+    p.add_argument("--draft-runtime", choices=["transformers", "llamacpp"], default="transformers",
+                   help="runtime of the draft model; a pair may mix runtimes when their "
+                        "vocabularies agree (checked at load). Default: transformers")
     p.add_argument("--drafter", default="model", metavar="KIND",
                    help="who drafts: model (the --draft model), lookup (copies from the prompt "
                         "and output), ngram (an n-gram model, --ngram-model), a '+'-joined "
@@ -234,19 +240,22 @@ def drafter_kinds(spec: str) -> list[str]:
 
 
 def _build_engine(args: argparse.Namespace, kinds: list[str]):
+    from specdec.backends.compat import check_same_vocabulary
     from specdec.cli_output import progress_bar
     from specdec.drafters import FallbackDrafter, ModelDrafter, NGramDrafter, NGramModel, PromptLookupDrafter
     from specdec.engine import Engine
     from specdec.loading import load_backend
 
     with progress_bar() as progress:
-        target = load_backend(args.target, args.dtype, args.cache_dir, progress)
+        target = load_backend(args.target, args.dtype, args.cache_dir, progress, args.target_runtime)
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
         drafters = []
         for kind in kinds if args.k != 0 else []:
             if kind == "model":
-                drafters.append(ModelDrafter(load_backend(args.draft, args.dtype, args.cache_dir, progress)))
+                draft = load_backend(args.draft, args.dtype, args.cache_dir, progress, args.draft_runtime)
+                check_same_vocabulary(target, draft)
+                drafters.append(ModelDrafter(draft))
             elif kind == "lookup":
                 drafters.append(PromptLookupDrafter(args.lookup_max_ngram, args.lookup_min_ngram))
             else:

@@ -13,9 +13,18 @@ from specdec.models import CATALOG, Progress, cache_root, ensure_converted, look
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
 
 
-def load_backend(spec: str, dtype: str = "bfloat16", cache_dir: str | None = None,
-                 progress: Progress | None = None) -> HFModel:
-    """``spec`` is a catalog name (built and cached on first use) or a model directory."""
+RUNTIMES = ("transformers", "llamacpp")
+
+
+def load_backend(spec: str, dtype: str = "int8", cache_dir: str | None = None,
+                 progress: Progress | None = None, runtime: str = "transformers"):
+    """``spec`` is a catalog name (built and cached on first use) or a model directory
+    (a .gguf file for llama.cpp). ``dtype`` applies to transformers; llama.cpp runs the
+    GGUF's own quantization."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    if runtime == "llamacpp":
+        return _load_llamacpp(spec, cache_dir, progress)
     if spec in CATALOG:
         directory = ensure_converted(lookup(spec), cache_root(cache_dir), *([progress] if progress else []))
     else:
@@ -51,3 +60,20 @@ def load_hf(path: str | Path, dtype: str = "float32", progress: Progress | None 
     except (OSError, ValueError):
         tokenizer = None  # a model without a saved tokenizer still decodes ids
     return HFModel(model, tokenizer)
+
+
+def _load_llamacpp(spec: str, cache_dir: str | None, progress: Progress | None):
+    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.models import ensure_gguf
+
+    if spec in CATALOG:
+        entry = lookup(spec)
+        path = ensure_gguf(entry, cache_root(cache_dir), *([progress] if progress else []))
+        model = LlamaCppModel(path)
+        extra_eos = [model.llama.tokenize(t.encode(), add_bos=False, special=True) for t in entry.eos_tokens]
+        model.eos_token_ids = model.eos_token_ids | {ids[0] for ids in extra_eos if len(ids) == 1}
+        return model
+    path = Path(spec).expanduser()
+    if path.suffix != ".gguf" or not path.is_file():
+        raise ValueError(f"{spec!r} is neither a catalog model ({', '.join(CATALOG)}) nor a .gguf file")
+    return LlamaCppModel(path)
