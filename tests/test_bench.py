@@ -58,3 +58,16 @@ def test_markdown_table_lists_each_system(report):
 def test_unknown_system_is_an_error(capsys):
     assert main(["bench", "--quick", "--systems", "plain,warp-drive"]) == 2
     assert "unknown system" in capsys.readouterr().err
+
+
+def test_system_names_parse_drafter_and_k():
+    from specdec.bench.systems import Models, describe, make_system
+
+    models = Models(None, None, None)
+    assert make_system("model-k6", models).spec.k == 6
+    assert make_system("lookup+model-auto", models).spec.k == "auto"
+    assert describe("lookup-k2") == "specdec, prompt lookup, k=2"
+    with pytest.raises(ValueError, match="needs --ngram-model"):
+        make_system("ngram-k4", models)
+    with pytest.raises(ValueError, match="unknown system"):
+        make_system("model-fast", models)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from specdec.bench.harness import WORKLOADS, load_workloads, run_benchmark, runs_to_json, summarize
 from specdec.bench.report import write_reports
-from specdec.bench.systems import SYSTEMS, LlamaCppSystem, Models
+from specdec.bench.systems import DEFAULT_SYSTEMS, LlamaCppSystem, Models, describe, make_system
 from specdec.config import SamplingParams
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -31,9 +31,12 @@ def add_parser(commands) -> None:
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default: {DEFAULT_DRAFT})")
     p.add_argument("--dtype", choices=["int8", "bfloat16", "float32"], default="int8",
                    help="runtime of both models, for every system (default: int8)")
-    p.add_argument("--systems", default=",".join(SYSTEMS),
-                   help=f"comma-separated, from {', '.join(SYSTEMS)}, llamacpp (default: all but llamacpp; "
-                        "llamacpp joins when llama-cpp-python is installed)")
+    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                   help="comma-separated: plain, hf-generate, hf-assisted, hf-lookup, llamacpp, and "
+                        "DRAFTER-kN or DRAFTER-auto with DRAFTER one of model, lookup, ngram, "
+                        f"lookup+model, lookup+ngram (default: {','.join(DEFAULT_SYSTEMS)}; llamacpp "
+                        "joins when llama-cpp-python is installed)")
+    p.add_argument("--ngram-model", help="n-gram model file for the ngram systems")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {', '.join(WORKLOADS)}")
     p.add_argument("--prompts-per-workload", type=int, default=8, help="prompts of each workload (default: 8)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per generation (default: 64)")
@@ -50,9 +53,14 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.prompts_per_workload < 1:
         raise ValueError("--repeats and --prompts-per-workload must be >= 1")
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SYSTEMS and n != "llamacpp"]
-    if unknown:
-        raise ValueError(f"unknown system {unknown[0]!r}; known: {', '.join(SYSTEMS)}, llamacpp")
+    ngram = None
+    if args.ngram_model:
+        from specdec.drafters import NGramModel
+
+        ngram = NGramModel.load(args.ngram_model)
+    for name in names:
+        if name != "llamacpp":
+            describe_or_fail(name, ngram)
     if "plain" not in names:
         names.insert(0, "plain")  # every ratio is against it
     per_workload = 2 if args.quick else args.prompts_per_workload
@@ -61,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
     with progress_bar() as progress:
         models, target_label = _models(args, progress)
-    systems = {name: SYSTEMS[name][1](models) for name in names if name in SYSTEMS}
-    descriptions = {name: SYSTEMS[name][0] for name in systems}
+    systems = {name: make_system(name, models, ngram) for name in names if name != "llamacpp"}
+    descriptions = {name: describe(name) for name in systems}
     _add_llamacpp(args, names, systems, descriptions)
     total = len(items) * len(systems) * args.repeats
     with progress_bar() as progress:
@@ -84,6 +92,11 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(paths["markdown"].read_text())
     sys.stderr.write(f"reports: {', '.join(str(p) for p in paths.values())}\n")
     return 0
+
+
+def describe_or_fail(name: str, ngram) -> None:
+    """Validate a system name before any model is loaded."""
+    make_system(name, Models(None, None, None), ngram)
 
 
 def _models(args: argparse.Namespace, progress) -> tuple[Models, str]:

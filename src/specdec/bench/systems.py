@@ -15,7 +15,7 @@ import torch
 from specdec.backends.hf import HFModel
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK
-from specdec.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter
+from specdec.drafters import FallbackDrafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
 from specdec.engine import Engine
 
 
@@ -112,23 +112,43 @@ def draft_model(models: Models) -> ModelDrafter:
     return ModelDrafter(HFModel(models.draft))
 
 
-# name -> (description, factory). "plain" is the baseline for every ratio.
-SYSTEMS: dict[str, tuple[str, Callable[[Models], object]]] = {
-    "plain": ("specdec, target alone (the baseline)",
-              lambda m: SpecdecSystem("plain", m, lambda: [], 0)),
-    "model-k4": ("specdec, draft model, k=4",
-                 lambda m: SpecdecSystem("model-k4", m, lambda: [draft_model(m)], 4)),
-    "model-auto": ("specdec, draft model, adaptive k",
-                   lambda m: SpecdecSystem("model-auto", m, lambda: [draft_model(m)], "auto")),
-    "lookup-k4": ("specdec, prompt lookup, k=4",
-                  lambda m: SpecdecSystem("lookup-k4", m, lambda: [PromptLookupDrafter()], 4)),
-    "lookup+model-auto": ("specdec, prompt lookup else draft model, adaptive k",
-                          lambda m: SpecdecSystem("lookup+model-auto", m,
-                                                  lambda: [PromptLookupDrafter(), draft_model(m)], "auto")),
-    "hf-generate": ("transformers generate(), target alone",
-                    lambda m: HFGenerateSystem("hf-generate", m)),
-    "hf-assisted": ("transformers assisted generation, same draft",
-                    lambda m: HFGenerateSystem("hf-assisted", m, assistant=True)),
-    "hf-lookup": ("transformers prompt lookup (prompt_lookup_num_tokens=10)",
-                  lambda m: HFGenerateSystem("hf-lookup", m, prompt_lookup_num_tokens=10)),
+PEERS = {
+    "hf-generate": ("transformers generate(), target alone", {}),
+    "hf-assisted": ("transformers assisted generation, same draft", {"assistant": True}),
+    "hf-lookup": ("transformers prompt lookup (prompt_lookup_num_tokens=10)", {"prompt_lookup_num_tokens": 10}),
 }
+DRAFTER_NAMES = {"model": "draft model", "lookup": "prompt lookup", "ngram": "n-gram model",
+                 "lookup+model": "prompt lookup else draft model", "lookup+ngram": "prompt lookup else n-gram model"}
+DEFAULT_SYSTEMS = ("plain", "model-k4", "model-auto", "lookup-k4", "lookup+model-auto",
+                   "hf-generate", "hf-assisted", "hf-lookup")
+
+
+def describe(name: str) -> str:
+    if name == "plain":
+        return "specdec, target alone (the baseline)"
+    if name in PEERS:
+        return PEERS[name][0]
+    drafter, _, k = name.rpartition("-")
+    return f"specdec, {DRAFTER_NAMES[drafter]}, " + ("adaptive k" if k == "auto" else f"k={k[1:]}")
+
+
+def make_system(name: str, models: Models, ngram=None):
+    """``plain``, a peer, or ``DRAFTER-kN`` / ``DRAFTER-auto`` for a drafter of DRAFTER_NAMES."""
+    if name == "plain":
+        return SpecdecSystem(name, models, lambda: [], 0)
+    if name in PEERS:
+        return HFGenerateSystem(name, models, **PEERS[name][1])
+    drafter, _, k_text = name.rpartition("-")
+    if drafter not in DRAFTER_NAMES or not (k_text == "auto" or (k_text[:1] == "k" and k_text[1:].isdigit())):
+        raise ValueError(f"unknown system {name!r}; use plain, {', '.join(PEERS)}, or DRAFTER-kN / "
+                         f"DRAFTER-auto with DRAFTER one of {', '.join(DRAFTER_NAMES)}")
+    if "ngram" in drafter and ngram is None:
+        raise ValueError(f"system {name!r} needs --ngram-model (make one with 'specdec ngram build')")
+    k = "auto" if k_text == "auto" else int(k_text[1:])
+
+    def drafters():
+        made = {"model": lambda: draft_model(models), "lookup": PromptLookupDrafter,
+                "ngram": lambda: NGramDrafter(ngram)}
+        return [made[part]() for part in drafter.split("+")]
+
+    return SpecdecSystem(name, models, drafters, k)
