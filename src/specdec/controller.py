@@ -32,7 +32,7 @@ def _ema(old: float | None, new: float, weight: float) -> float:
 @dataclass
 class AdaptiveK:
     max_k: int = 8
-    decay: float = 0.9
+    decay: float = 0.8
     # Decayed (accepted, reached) pseudo-counts: per draft position, and per confidence bucket.
     position_counts: list[list[float]] = field(default_factory=list)
     bucket_counts: list[list[float]] = field(default_factory=list)
@@ -50,7 +50,7 @@ class AdaptiveK:
         """The draft depth that maximises the expected token rate (at most ``max_k``)."""
         if self.draft_step_seconds is None or not self.pass_seconds:
             return min(4, self.max_k)  # measure first
-        acceptance = [_rate(counts, POSITION_PRIOR) for counts in self.position_counts]
+        acceptance = self.position_rates()
         rates = [
             expected_tokens_per_round_by_position(acceptance, k) / self.round_seconds(k)
             for k in range(self.max_k + 1)
@@ -68,9 +68,17 @@ class AdaptiveK:
         for confidence in confidences:
             reach *= self.acceptance_at(confidence)
             expected += reach
-        next_acceptance = _rate(self.position_counts[n], POSITION_PRIOR)
+        next_acceptance = self.position_rates()[n]
         more = (expected + reach * next_acceptance) / self.round_seconds(n + 1)
         return more > expected / self.round_seconds(n)
+
+    def position_rates(self) -> list[float]:
+        """Acceptance per draft position. A position seldom reached borrows the estimate of
+        the one before it as its prior: deep positions look like the last measured one."""
+        rates: list[float] = []
+        for counts in self.position_counts:
+            rates.append(_rate(counts, rates[-1] if rates else POSITION_PRIOR))
+        return rates
 
     def acceptance_at(self, confidence: float) -> float:
         bucket = _bucket(confidence)

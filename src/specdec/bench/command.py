@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     date = datetime.datetime.now().strftime("%Y-%m-%d")
     out_dir = Path(args.out or f"bench/results/{date}")
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
-            "command": "specdec " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
+            "command": "specdec " + " ".join(sys.argv[1:]),
             "target": target_label, "dtype": args.dtype, "max_tokens": max_tokens,
             "repeats": args.repeats, "temperature": args.temperature, "prompts": len(items)}
     paths = write_reports(out_dir, meta, rows, runs_to_json(runs), descriptions)
