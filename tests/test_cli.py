@@ -157,3 +157,12 @@ def test_a_pair_with_different_tokenizers_is_refused(model_dirs, tmp_path, capsy
                  "--max-tokens", "4"])
     err = capsys.readouterr().err
     assert code == 2 and "the tokenizers differ" in err, err
+
+
+def test_cost_curve_command(model_dirs, capsys):
+    target, _ = model_dirs
+    assert main(["cost", "--model", str(target), "--dtype", "float32", "--max-n", "4", "--repeats", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "1-token step" in lines[0]
+    rows = [line.split() for line in lines[2:]]
+    assert [int(row[0]) for row in rows] == [1, 2, 3, 4] and float(rows[0][2]) == 1.0

@@ -61,6 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     tune.add_argument("--out", default="tune-results", help="folder for tune.json and tune.png")
     tune.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
+    cost = commands.add_parser(
+        "cost", help="print a model's verify-cost curve v(n) = time(n-token pass) / time(1-token step)",
+        description="Speculation pays only if scoring k+1 tokens at once costs little more than one "
+                    "step. This measures the median time of an n-token forward pass after a short "
+                    "context, for n = 1..--max-n, on the chosen runtime.")
+    cost.add_argument("--model", default=DEFAULT_TARGET, help=f"catalog name, directory or .gguf (default: {DEFAULT_TARGET})")
+    cost.add_argument("--runtime", choices=["transformers", "llamacpp"], default="transformers")
+    cost.add_argument("--dtype", choices=["int8", "bfloat16", "float32"], default="int8",
+                      help="transformers runtime precision (default: int8)")
+    cost.add_argument("--max-n", type=int, default=9, help="largest block (default: 9)")
+    cost.add_argument("--repeats", type=int, default=5, help="timings per block size, median kept (default: 5)")
+    cost.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
     serve = commands.add_parser(
         "serve", help="OpenAI-compatible HTTP server with speculative decoding",
         description="Serve /v1/completions and /v1/chat/completions (streaming or not), /v1/models, "
@@ -163,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "cost":
+            return _cost(args)
         if args.command == "tune":
             return _tune(args)
         if args.command == "serve":
@@ -263,6 +277,25 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
     if not drafters:
         return Engine(target)
     return Engine(target, drafters[0] if len(drafters) == 1 else FallbackDrafter(drafters))
+
+
+def _cost(args: argparse.Namespace) -> int:
+    from specdec.cli_output import progress_bar
+    from specdec.loading import load_backend
+    from specdec.tune import time_pass
+
+    if not 1 <= args.max_n <= 64 or args.repeats < 1:
+        raise UsageError("--max-n must be in 1..64 and --repeats >= 1")
+    with progress_bar() as progress:
+        model = load_backend(args.model, args.dtype, args.cache_dir, progress, args.runtime)
+    context = list(range(1000, 1032))  # 32 ordinary token ids: a short context to attend to
+    step = time_pass(model, context, 1, args.repeats)
+    label = args.runtime + ("" if args.runtime == "llamacpp" else f" {args.dtype}")
+    sys.stdout.write(f"{args.model} on {label}: 1-token step {step * 1e3:.1f} ms\n n   ms     v(n)\n")
+    for n in range(1, args.max_n + 1):
+        seconds = step if n == 1 else time_pass(model, context, n, args.repeats)
+        sys.stdout.write(f"{n:2d} {seconds * 1e3:7.1f} {seconds / step:6.2f}\n")
+    return 0
 
 
 def _tune(args: argparse.Namespace) -> int:
