@@ -26,7 +26,7 @@ def test_tune_measures_every_k(pair, tmp_path):
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     costs, rows, alpha = tune(*pair, prompts=[[1, 2, 3], [7, 8, 9, 10]], params=params, max_k=4)
     assert [row.k for row in rows] == [1, 2, 3, 4]
-    assert 0 < alpha["acceptance_rate"] <= 1 and len(alpha["per_position"]) == 4
+    assert 0 < alpha["acceptance_rate"] <= alpha["alpha"] <= 1 and len(alpha["per_position"]) == 4
     for row in rows:
         assert row.predicted_speedup > 0 and row.measured_speedup > 0
     paths = write_outputs(tmp_path, costs, rows, alpha)

@@ -144,8 +144,8 @@ def summary_line(stats: SpecStats, finish_reason: str | None) -> str:
 def print_tune(costs, rows, alpha: dict, recommended: int, paths: dict) -> None:
     console = Console(highlight=False)
     console.print(f"target step {costs.step_seconds * 1e3:.1f} ms, draft step "
-                  f"{costs.draft_step_seconds * 1e3:.1f} ms (c = {costs.c:.2f}), acceptance alpha = "
-                  f"{alpha['acceptance_rate']:.3f}, per position "
+                  f"{costs.draft_step_seconds * 1e3:.1f} ms (c = {costs.c:.2f}), alpha = "
+                  f"{alpha['alpha']:.3f} (accepted / reached), per position "
                   + " ".join(f"{a:.2f}" for a in alpha["per_position"]))
     table = Table(title="predicted vs measured speedup over plain decoding")
     for column in ("k", "v(k+1)", "predicted", "predicted (per-position)", "measured", "error",

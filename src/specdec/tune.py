@@ -77,7 +77,10 @@ def decode_seconds_per_token(engine: Engine, prompts: list[list[int]], params: S
                 per_position.append([0.0, 0.0])
             per_position[i][0] += a
             per_position[i][1] += d
+    reached = sum(d for _, d in per_position)
     summary = {"acceptance_rate": accepted / drafted if drafted else 0.0,
+               # The paper's alpha: P(a draft is accepted | the verifier reached it).
+               "alpha": sum(a for a, _ in per_position) / reached if reached else 0.0,
                "mean_accepted_length": 1 + accepted / rounds if rounds else 1.0,
                "per_position": [a / d if d else 0.0 for a, d in per_position]}
     return seconds / max(tokens, 1), summary
@@ -97,7 +100,7 @@ def tune(target: Backend, draft: Backend, prompts: list[list[int]], params: Samp
         per_token, summary = decode_seconds_per_token(speculative, prompts, params, SpecConfig(k=k))
         if alpha_probe is None:
             alpha_probe = summary
-        alpha = alpha_probe["acceptance_rate"]
+        alpha = alpha_probe["alpha"]
         by_position = expected_tokens_per_round_by_position(alpha_probe["per_position"], k) / (
             k * costs.c + costs.verify_cost[k + 1])
         rows.append(TuneRow(k, expected_speedup(min(alpha, 0.999999), k, costs.c, costs.verify_cost[k + 1]),
@@ -132,7 +135,7 @@ def write_outputs(out_dir: Path, costs: CostCurve, rows: list[TuneRow], alpha: d
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("k (drafted tokens per round)")
     ax.set_ylabel("speedup over plain decoding")
-    ax.set_title(f"alpha={alpha['acceptance_rate']:.2f}, c={costs.c:.2f}, v(k+1) measured")
+    ax.set_title(f"alpha={alpha['alpha']:.2f}, c={costs.c:.2f}, v(k+1) measured")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(paths["plot"], dpi=120)
