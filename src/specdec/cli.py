@@ -288,7 +288,8 @@ def _cost(args: argparse.Namespace) -> int:
         raise UsageError("--max-n must be in 1..64 and --repeats >= 1")
     with progress_bar() as progress:
         model = load_backend(args.model, args.dtype, args.cache_dir, progress, args.runtime)
-    context = list(range(1000, 1032))  # 32 ordinary token ids: a short context to attend to
+    # 32 ordinary token ids (inside any vocabulary): a short context to attend to.
+    context = [i % model.vocab_size for i in range(1000, 1032)]
     step = time_pass(model, context, 1, args.repeats)
     label = args.runtime + ("" if args.runtime == "llamacpp" else f" {args.dtype}")
     sys.stdout.write(f"{args.model} on {label}: 1-token step {step * 1e3:.1f} ms\n n   ms     v(n)\n")
