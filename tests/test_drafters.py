@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import VOCAB, assert_same_distribution, backend, perturbed_copy, tiny_llama
+from helpers import VOCAB, assert_same_distribution, backend, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.drafters import FallbackDrafter, ModelDrafter, NGramDrafter, NGramModel, PromptLookupDrafter
 from specdec.sampling import Sampler

@@ -2,7 +2,7 @@
 
 import pytest
 
-from helpers import backend, perturbed_copy, tiny_llama
+from helpers import backend, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.drafters import ModelDrafter
 
