@@ -1,8 +1,10 @@
 """``specdec tune``: the paper's analysis on the user's own pair and prompts.
 
-Measures the cost curve (target pass time for n tokens over a one-token step, v(n); draft
-step over target step, c) and the acceptance rate alpha, predicts the speedup of every k with
-the paper's formula, measures it, and recommends k.
+Measures the cost curve (target pass time for n tokens over a one-token step, v(n)), the
+acceptance rate alpha, the draft cost per token c and the engine's overhead per round o
+(both in the deepest-k run, in units of a target step), predicts the speedup of every k
+with the paper's formula E[tokens](alpha, k) / (k c + v(k+1) + o), measures it, and
+recommends k.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def decode_seconds_per_token(engine: Engine, prompts: list[list[int]], params: S
                              spec: SpecConfig) -> tuple[float, dict]:
     """Decode-phase seconds per generated token over all prompts (prefill excluded)."""
     seconds = tokens = accepted = drafted = rounds = 0
+    drafter_seconds = overhead_seconds = 0.0
     per_position: list[list[float]] = []
     for prompt in prompts:
         engine.target.truncate(0)
@@ -72,6 +75,8 @@ def decode_seconds_per_token(engine: Engine, prompts: list[list[int]], params: S
         seconds += stats.total_seconds - stats.prefill_seconds
         tokens += stats.generated_tokens
         accepted, drafted, rounds = accepted + stats.accepted_tokens, drafted + stats.drafted_tokens, rounds + stats.rounds
+        drafter_seconds += stats.drafter_seconds
+        overhead_seconds += stats.overhead_seconds
         for i, (a, d) in enumerate(zip(stats.accepted_per_position, stats.drafted_per_position)):
             while len(per_position) <= i:
                 per_position.append([0.0, 0.0])
@@ -82,7 +87,11 @@ def decode_seconds_per_token(engine: Engine, prompts: list[list[int]], params: S
                # The paper's alpha: P(a draft is accepted | the verifier reached it).
                "alpha": sum(a for a, _ in per_position) / reached if reached else 0.0,
                "mean_accepted_length": 1 + accepted / rounds if rounds else 1.0,
-               "per_position": [a / d if d else 0.0 for a, d in per_position]}
+               "per_position": [a / d if d else 0.0 for a, d in per_position],
+               # Measured in the run itself: seconds per drafted token (catch-up forwards
+               # included) and engine overhead per round (verification, sampling, text).
+               "draft_seconds_per_token": drafter_seconds / drafted if drafted else 0.0,
+               "overhead_seconds_per_round": overhead_seconds / rounds if rounds else 0.0}
     return seconds / max(tokens, 1), summary
 
 
@@ -101,9 +110,13 @@ def tune(target: Backend, draft: Backend, prompts: list[list[int]], params: Samp
         if alpha_probe is None:
             alpha_probe = summary
         alpha = alpha_probe["alpha"]
-        by_position = expected_tokens_per_round_by_position(alpha_probe["per_position"], k) / (
-            k * costs.c + costs.verify_cost[k + 1])
-        rows.append(TuneRow(k, expected_speedup(min(alpha, 0.999999), k, costs.c, costs.verify_cost[k + 1]),
+        # The paper's cost k*c + v, plus the per-round engine overhead o it leaves out; c and o
+        # as measured in the probe run, in units of one target step.
+        c = alpha_probe["draft_seconds_per_token"] / costs.step_seconds
+        o = alpha_probe["overhead_seconds_per_round"] / costs.step_seconds
+        round_cost = k * c + costs.verify_cost[k + 1] + o
+        by_position = expected_tokens_per_round_by_position(alpha_probe["per_position"], k) / round_cost
+        rows.append(TuneRow(k, expected_speedup(min(alpha, 0.999999), k, c, costs.verify_cost[k + 1] + o),
                             by_position, plain_per_token / per_token, summary["acceptance_rate"],
                             summary["mean_accepted_length"]))
         progress("measuring", 2 + max_k - k + 1, max_k + 2)
