@@ -111,8 +111,7 @@ def stream_to_terminal(engine: Engine, prompt_ids, params, spec, show_drafts: bo
     sys.stdout.write("\n")
     last = chunks[-1]
     Console(stderr=True, highlight=False).print(summary_line(last.stats, last.finish_reason))
-    return Output([t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks),
-                  last.finish_reason or "length", last.stats, chunks)
+    return Output.from_chunks(chunks)
 
 
 def _coloured(chunk: Chunk, tokenizer) -> Text:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.backends.base import Backend, common_prefix_length
+from specdec.backends.base import Backend, sync_cache
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK
 from specdec.detokenizer import Detokenizer
@@ -51,6 +51,13 @@ class Output:
     stats: SpecStats
     chunks: list[Chunk] = field(default_factory=list, repr=False)
 
+    @classmethod
+    def from_chunks(cls, chunks: list[Chunk]) -> Output:
+        """The whole output of a finished stream."""
+        last = chunks[-1]
+        return cls([t for chunk in chunks for t in chunk.token_ids], "".join(c.text for c in chunks),
+                   last.finish_reason or "length", last.stats, chunks)
+
 
 class Engine:
     def __init__(self, target: Backend, drafter: Drafter | None = None):
@@ -70,11 +77,7 @@ class Engine:
         params: SamplingParams | None = None,
         spec: SpecConfig | None = None,
     ) -> Output:
-        chunks = list(self.stream(prompt_ids, params, spec))
-        last = chunks[-1]
-        token_ids = [t for chunk in chunks for t in chunk.token_ids]
-        text = "".join(chunk.text for chunk in chunks)
-        return Output(token_ids, text, last.finish_reason or "length", last.stats, chunks)
+        return Output.from_chunks(list(self.stream(prompt_ids, params, spec)))
 
     def stream(
         self,
@@ -145,11 +148,7 @@ class _Run:
     def _prefill(self) -> None:
         """Bring the target cache to ``context[:-1]``, reusing a prefix it already holds, and
         let the drafter fill its own cache. Timed as prefill, not as decode-phase costs."""
-        goal = self.context[:-1]
-        keep = common_prefix_length(self.target.cached_token_ids, goal)
-        self.target.truncate(keep)
-        if keep < len(goal):
-            self.target.forward(goal[keep:])
+        if sync_cache(self.target, self.context[:-1]):
             self.stats.target_forwards += 1
         if self.drafter is not None and self.k != 0:
             self.drafter.prepare(self.context)

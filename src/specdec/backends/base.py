@@ -45,3 +45,14 @@ def common_prefix_length(cached: Sequence[int], tokens: Sequence[int]) -> int:
         if cached[i] != tokens[i]:
             return i
     return n
+
+
+def sync_cache(backend: Backend, tokens: Sequence[int]) -> bool:
+    """Make the cache hold exactly ``tokens``: keep the prefix it shares with them, feed the
+    rest. Returns whether a forward pass ran."""
+    keep = common_prefix_length(backend.cached_token_ids, tokens)
+    backend.truncate(keep)
+    if keep == len(tokens):
+        return False
+    backend.forward(tokens[keep:])
+    return True

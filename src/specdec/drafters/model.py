@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.backends.base import Backend, common_prefix_length
+from specdec.backends.base import Backend, common_prefix_length, sync_cache
 from specdec.config import SamplingParams
 from specdec.drafters.base import KeepGoing, Proposal
 from specdec.sampling import Sampler
@@ -30,11 +30,7 @@ class ModelDrafter:
         self.vocab_size = backend.vocab_size
 
     def prepare(self, context: Sequence[int]) -> None:
-        goal = list(context[:-1])  # the last token is fed by the first propose
-        keep = common_prefix_length(self.backend.cached_token_ids, goal)
-        self.backend.truncate(keep)
-        if keep < len(goal):
-            self.backend.forward(goal[keep:])
+        sync_cache(self.backend, list(context[:-1]))  # the last token is fed by the first propose
 
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
                 keep_going: KeepGoing | None = None) -> Proposal:
