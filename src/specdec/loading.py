@@ -17,14 +17,16 @@ RUNTIMES = ("transformers", "llamacpp")
 
 
 def load_backend(spec: str, dtype: str = "int8", cache_dir: str | None = None,
-                 progress: Progress | None = None, runtime: str = "transformers"):
+                 progress: Progress | None = None, runtime: str = "transformers",
+                 gguf_type: str = "q4_k_m"):
     """``spec`` is a catalog name (built and cached on first use) or a model directory
-    (a .gguf file for llama.cpp). ``dtype`` applies to transformers; llama.cpp runs the
-    GGUF's own quantization."""
+    (a .gguf file for llama.cpp). ``dtype`` applies to transformers; llama.cpp runs a
+    catalog model as ``gguf_type`` (made once from the catalog's Q4_K_M file) and a .gguf
+    file as it is."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     if runtime == "llamacpp":
-        return _load_llamacpp(spec, cache_dir, progress)
+        return _load_llamacpp(spec, cache_dir, progress, gguf_type)
     if spec in CATALOG:
         directory = ensure_converted(lookup(spec), cache_root(cache_dir), *([progress] if progress else []))
     else:
@@ -62,13 +64,22 @@ def load_hf(path: str | Path, dtype: str = "float32", progress: Progress | None 
     return HFModel(model, tokenizer)
 
 
-def _load_llamacpp(spec: str, cache_dir: str | None, progress: Progress | None):
+def load_tokenizer(spec: str, cache_dir: str | None = None):
+    """The transformers tokenizer of a catalog model or a model directory."""
+    from transformers import AutoTokenizer
+
+    if spec in CATALOG:
+        return AutoTokenizer.from_pretrained(ensure_converted(lookup(spec), cache_root(cache_dir)))
+    return AutoTokenizer.from_pretrained(Path(spec).expanduser())
+
+
+def _load_llamacpp(spec: str, cache_dir: str | None, progress: Progress | None, gguf_type: str):
     from specdec.backends.llamacpp import LlamaCppModel
-    from specdec.models import ensure_gguf
+    from specdec.models import ensure_gguf_type
 
     if spec in CATALOG:
         entry = lookup(spec)
-        path = ensure_gguf(entry, cache_root(cache_dir), *([progress] if progress else []))
+        path = ensure_gguf_type(entry, cache_root(cache_dir), gguf_type, *([progress] if progress else []))
         model = LlamaCppModel(path)
         extra_eos = [model.llama.tokenize(t.encode(), add_bos=False, special=True) for t in entry.eos_tokens]
         model.eos_token_ids = model.eos_token_ids | {ids[0] for ids in extra_eos if len(ids) == 1}

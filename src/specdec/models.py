@@ -224,6 +224,52 @@ def _assemble(entry: CatalogEntry, target: Path, progress: Progress) -> Path:
     return target
 
 
+# ---- other GGUF types, made with llama.cpp's own quantizer ---------------------------
+
+# The catalog's files are Q4_K_M. llama.cpp runs batches of K-quant rows through a per-row
+# dot product, so an n-token verify pass costs nearly n steps; these types have tiled batch
+# kernels. Requantizing dequantizes each tensor to float32 first: nothing finer than the
+# Q4_K_M source comes back, but nothing more is lost for q8_0, f16 and bf16.
+GGUF_TYPES = {"q4_k_m": None, "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+              "f16": "LLAMA_FTYPE_MOSTLY_F16", "bf16": "LLAMA_FTYPE_MOSTLY_BF16"}
+
+
+def ensure_gguf_type(entry: CatalogEntry, root: Path, gguf_type: str = "q4_k_m",
+                     progress: Progress = _no_progress) -> Path:
+    """The model as a GGUF of ``gguf_type`` (q4_k_m: the catalog's own file), made once."""
+    if gguf_type not in GGUF_TYPES:
+        raise ValueError(f"GGUF type must be one of {', '.join(GGUF_TYPES)}, got {gguf_type!r}")
+    source = ensure_gguf(entry, root, progress)
+    if GGUF_TYPES[gguf_type] is None:
+        return source
+    target = source.with_name(f"{source.stem}.{gguf_type}.gguf")
+    if target.is_file():
+        return target  # written under a temporary name and renamed when whole
+    with _lock(target.with_suffix(".lock")):
+        if not target.is_file():
+            _requantize(source, target, GGUF_TYPES[gguf_type], progress)
+    return target
+
+
+def _requantize(source: Path, target: Path, ftype_name: str, progress: Progress) -> None:
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ModelError("making other GGUF types needs llama-cpp-python: pip install -e '.[llamacpp]'") from None
+    partial = target.with_suffix(".partial")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, ftype_name)
+    params.allow_requantize = True
+    params.nthread = os.cpu_count() or 1
+    progress(f"requantizing to {target.name} (once)", 0, 1)
+    code = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
+    if code != 0:
+        partial.unlink(missing_ok=True)
+        raise ModelError(f"llama.cpp could not requantize {source.name} ({ftype_name}, code {code})")
+    partial.replace(target)
+    progress(f"requantizing to {target.name} (once)", 1, 1)
+
+
 # ---- converting to a cached transformers model --------------------------------------
 
 

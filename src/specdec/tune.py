@@ -1,10 +1,11 @@
 """``specdec tune``: the paper's analysis on the user's own pair and prompts.
 
-Measures the cost curve (target pass time for n tokens over a one-token step, v(n)), the
-acceptance rate alpha, the draft cost per token c and the engine's overhead per round o
-(both in the deepest-k run, in units of a target step), predicts the speedup of every k
-with the paper's formula E[tokens](alpha, k) / (k c + v(k+1) + o), measures it, and
-recommends k.
+Measures the cost curve (target pass time for n tokens over a one-token step, v(n)), then
+decodes the prompts plainly and with every k, interleaved; from those runs the acceptance
+rate alpha, the target step, the draft's cost per token and the engine's overhead per round.
+Predicts the speedup of every k with the paper's formula, E[tokens](alpha, k) over the
+round's cost (k c + v(k+1) in target steps, plus the overhead the paper leaves out), sets
+it beside the measured speedup, and recommends k.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from specdec.backends.base import Backend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import ModelDrafter
 from specdec.engine import Engine
-from specdec.theory import expected_speedup, expected_tokens_per_round_by_position
+from specdec.theory import expected_tokens_per_round, expected_tokens_per_round_by_position
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class TuneRow:
 def time_pass(backend: Backend, context: list[int], n: int, repeats: int = 5) -> float:
     """Median seconds of an n-token forward pass after ``context`` (cache cut back after)."""
     backend.truncate(0)
-    backend.forward(context)
+    backend.forward(context, last_only=True)
     samples = []
     for _ in range(repeats):
         started = time.perf_counter()
@@ -62,66 +63,89 @@ def measure_costs(target: Backend, draft: Backend, context: list[int], max_n: in
     return CostCurve(step, time_pass(draft, context, 1), verify)
 
 
-def decode_seconds_per_token(engine: Engine, prompts: list[list[int]], params: SamplingParams,
-                             spec: SpecConfig) -> tuple[float, dict]:
-    """Decode-phase seconds per generated token over all prompts (prefill excluded)."""
-    seconds = tokens = accepted = drafted = rounds = 0
-    drafter_seconds = overhead_seconds = 0.0
+@dataclass(frozen=True)
+class _Sample:
+    repeat: int
+    prompt: int
+    stats: object  # SpecStats
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.stats.total_seconds - self.stats.prefill_seconds
+
+    @property
+    def seconds_per_token(self) -> float:
+        return self.decode_seconds / max(self.stats.generated_tokens, 1)
+
+
+def acceptance_summary(samples: list[_Sample]) -> dict:
+    """Acceptance over runs: the rate, the paper's alpha (accepted / reached), per position."""
+    accepted = sum(s.stats.accepted_tokens for s in samples)
+    drafted = sum(s.stats.drafted_tokens for s in samples)
+    rounds = sum(s.stats.rounds for s in samples)
     per_position: list[list[float]] = []
-    for prompt in prompts:
-        engine.target.truncate(0)
-        out = engine.generate(prompt, params, spec)
-        stats = out.stats
-        seconds += stats.total_seconds - stats.prefill_seconds
-        tokens += stats.generated_tokens
-        accepted, drafted, rounds = accepted + stats.accepted_tokens, drafted + stats.drafted_tokens, rounds + stats.rounds
-        drafter_seconds += stats.drafter_seconds
-        overhead_seconds += stats.overhead_seconds
-        for i, (a, d) in enumerate(zip(stats.accepted_per_position, stats.drafted_per_position)):
+    for sample in samples:
+        pairs = zip(sample.stats.accepted_per_position, sample.stats.drafted_per_position, strict=True)
+        for i, (a, d) in enumerate(pairs):
             while len(per_position) <= i:
                 per_position.append([0.0, 0.0])
             per_position[i][0] += a
             per_position[i][1] += d
     reached = sum(d for _, d in per_position)
-    summary = {"acceptance_rate": accepted / drafted if drafted else 0.0,
-               # The paper's alpha: P(a draft is accepted | the verifier reached it).
-               "alpha": sum(a for a, _ in per_position) / reached if reached else 0.0,
-               "mean_accepted_length": 1 + accepted / rounds if rounds else 1.0,
-               "per_position": [a / d if d else 0.0 for a, d in per_position],
-               # Measured in the run itself: seconds per drafted token (catch-up forwards
-               # included) and engine overhead per round (verification, sampling, text).
-               "draft_seconds_per_token": drafter_seconds / drafted if drafted else 0.0,
-               "overhead_seconds_per_round": overhead_seconds / rounds if rounds else 0.0}
-    return seconds / max(tokens, 1), summary
+    return {"acceptance_rate": accepted / drafted if drafted else 0.0,
+            # The paper's alpha: P(a draft is accepted | the verifier reached it).
+            "alpha": sum(a for a, _ in per_position) / reached if reached else 0.0,
+            "mean_accepted_length": 1 + accepted / rounds if rounds else 1.0,
+            "per_position": [a / d if d else 0.0 for a, d in per_position]}
 
 
 def tune(target: Backend, draft: Backend, prompts: list[list[int]], params: SamplingParams,
-         max_k: int, progress=lambda step, done, total: None) -> tuple[CostCurve, list[TuneRow], dict]:
+         max_k: int, progress=lambda step, done, total: None, repeats: int = 2,
+         ) -> tuple[CostCurve, list[TuneRow], dict]:
+    """Run plain decoding and every k = 1..max_k on every prompt, interleaved (all k on a
+    prompt, then the next prompt; the whole again ``repeats`` times, order rotated), so a
+    slow spell of the machine hits every k alike. Measured speedup of k: the median over
+    (prompt, pass) of plain's decode time per token over k's. Predicted: the paper's
+    E[tokens](alpha, k) over the round's cost, k d + v(k+1) s + o, from the cost curve's v,
+    and what the runs measured beside it: alpha (deepest k), the target step s (plain runs),
+    the draft's seconds per token d and the engine's overhead per round o (all k).
+    """
     costs = measure_costs(target, draft, prompts[0], max_k + 1)
-    progress("measuring", 1, max_k + 2)
-    plain = Engine(target)
-    speculative = Engine(target, ModelDrafter(draft))
-    plain_per_token, _ = decode_seconds_per_token(plain, prompts, params, SpecConfig(k=0))
-    progress("measuring", 2, max_k + 2)
+    engines = {0: Engine(target)} | {k: Engine(target, ModelDrafter(draft)) for k in range(1, max_k + 1)}
+    ks = list(engines)
+    samples: dict[int, list[_Sample]] = {k: [] for k in ks}
+    total, done = repeats * len(prompts) * len(ks), 0
+    for repeat in range(repeats):
+        order = ks[repeat % len(ks):] + ks[: repeat % len(ks)]
+        for index, prompt in enumerate(prompts):
+            for k in order:
+                target.truncate(0)
+                out = engines[k].generate(prompt, params, SpecConfig(k=k))
+                samples[k].append(_Sample(repeat, index, out.stats))
+                done += 1
+                progress("decoding: plain and every k, interleaved", done, total)
+    plain = {(s.repeat, s.prompt): s for s in samples[0]}
+    plain_per_token = sum(s.decode_seconds for s in samples[0]) / max(1, sum(s.stats.generated_tokens for s in samples[0]))
+    step = sum(s.stats.target_seconds for s in samples[0]) / max(1, sum(s.stats.rounds for s in samples[0]))
+    speculative = [s for k in ks[1:] for s in samples[k]]
+    drafted = sum(s.stats.drafted_tokens for s in speculative)
+    rounds = sum(s.stats.rounds for s in speculative)
+    draft_per_token = sum(s.stats.drafter_seconds for s in speculative) / max(1, drafted)
+    overhead_per_round = sum(s.stats.overhead_seconds for s in speculative) / max(1, rounds)
+    alpha = acceptance_summary(samples[max_k]) | {
+        "target_step_seconds": step, "plain_seconds_per_token": plain_per_token,
+        "draft_seconds_per_token": draft_per_token, "overhead_seconds_per_round": overhead_per_round,
+        "repeats": repeats}
     rows = []
-    alpha_probe = None
-    for k in range(max_k, 0, -1):  # the deepest k first: it measures acceptance at every position
-        per_token, summary = decode_seconds_per_token(speculative, prompts, params, SpecConfig(k=k))
-        if alpha_probe is None:
-            alpha_probe = summary
-        alpha = alpha_probe["alpha"]
-        # The paper's cost k*c + v, plus the per-round engine overhead o it leaves out; c and o
-        # as measured in the probe run, in units of one target step.
-        c = alpha_probe["draft_seconds_per_token"] / costs.step_seconds
-        o = alpha_probe["overhead_seconds_per_round"] / costs.step_seconds
-        round_cost = k * c + costs.verify_cost[k + 1] + o
-        by_position = expected_tokens_per_round_by_position(alpha_probe["per_position"], k) / round_cost
-        rows.append(TuneRow(k, expected_speedup(min(alpha, 0.999999), k, c, costs.verify_cost[k + 1] + o),
-                            by_position, plain_per_token / per_token, summary["acceptance_rate"],
-                            summary["mean_accepted_length"]))
-        progress("measuring", 2 + max_k - k + 1, max_k + 2)
-    rows.sort(key=lambda row: row.k)
-    return costs, rows, alpha_probe
+    for k in ks[1:]:
+        round_seconds = k * draft_per_token + costs.verify_cost[k + 1] * step + overhead_per_round
+        iid = expected_tokens_per_round(min(alpha["alpha"], 0.999999), k)
+        by_position = expected_tokens_per_round_by_position(alpha["per_position"], k)
+        ratios = [plain[(s.repeat, s.prompt)].seconds_per_token / s.seconds_per_token for s in samples[k]]
+        mine = acceptance_summary(samples[k])
+        rows.append(TuneRow(k, plain_per_token * iid / round_seconds, plain_per_token * by_position / round_seconds,
+                            statistics.median(ratios), mine["acceptance_rate"], mine["mean_accepted_length"]))
+    return costs, rows, alpha
 
 
 def recommend(rows: list[TuneRow]) -> int:

@@ -1,7 +1,7 @@
 """The backend protocol: a model plus its KV cache over ONE growing token sequence.
 
 ``forward(token_ids)`` appends tokens to the cache and returns logits for every new
-position; ``truncate(n)`` keeps the first n cached positions and is the only rollback.
+position (or only the last, with ``last_only``); ``truncate(n)`` keeps the first n cached positions and is the only rollback.
 The backend remembers which tokens its cache holds (``cached_token_ids``), so callers can
 reuse a shared prefix instead of re-running it.
 """
@@ -24,8 +24,10 @@ class Backend(Protocol):
     @property
     def cached_token_ids(self) -> Sequence[int]: ...
 
-    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Append ``token_ids`` to the cache; logits  # [len(token_ids), vocab_size] float32."""
+    def forward(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
+        """Append ``token_ids`` to the cache; logits  # [len(token_ids), vocab_size] float32,
+        or [1, vocab_size] for the last position alone when ``last_only`` (a prefill, or a
+        drafter that needs only the next token; runtimes then skip the other rows)."""
         ...
 
     def truncate(self, n: int) -> None:
@@ -54,5 +56,5 @@ def sync_cache(backend: Backend, tokens: Sequence[int]) -> bool:
     backend.truncate(keep)
     if keep == len(tokens):
         return False
-    backend.forward(tokens[keep:])
+    backend.forward(tokens[keep:], last_only=True)
     return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ class HFModel:
         self.eos_token_ids = frozenset(_eos_token_ids(model, tokenizer))
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self._cache: DynamicCache | None = None
+        # transformers' causal LMs can skip the output layer for all but the last position
+        self._can_keep_last = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._cached_ids: list[int] = []
 
     @property
@@ -35,14 +38,16 @@ class HFModel:
         return self.model.device
 
     @torch.inference_mode()
-    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
+    def forward(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
         assert len(token_ids) > 0, "forward needs at least one token"
         if self._cache is None:
             self._cache = DynamicCache(config=self.model.config)
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, cache=self._cache, use_cache=True)
+        keep = {"logits_to_keep": 1} if last_only and self._can_keep_last else {}
+        out = self.model(input_ids=input_ids, cache=self._cache, use_cache=True, **keep)
         self._cached_ids.extend(int(t) for t in token_ids)
-        return out.logits[0, :, : self.vocab_size].float()
+        logits = out.logits[0, :, : self.vocab_size]
+        return (logits[-1:] if last_only else logits).float()
 
     def truncate(self, n: int) -> None:
         assert 0 <= n <= len(self._cached_ids), f"cannot keep {n} of {len(self._cached_ids)}"

@@ -1,16 +1,19 @@
 """llama.cpp runtime (llama-cpp-python, the optional ``llamacpp`` extra) behind ``Backend``.
 
-A GGUF file loads directly, no conversion. ``Llama.eval`` appends to its KV cache and, with
-``logits_all``, keeps logits for every evaluated position; lowering ``n_tokens`` is
-llama-cpp-python's own rollback (its next ``eval`` removes the cache beyond it), so
-``truncate(n)`` is exactly that.
+A GGUF file loads directly, no conversion. ``forward`` drives llama-cpp-python's context
+and batch objects itself (``Llama.eval`` with ``logits_all`` would copy logits for every
+prompt position and compute the output layer for them): each batch asks for the rows the
+caller needs. Rollback is llama-cpp-python's own: lower ``n_tokens``, and the next decode
+first removes the KV cells beyond it (``llama_memory_seq_rm``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 
@@ -42,15 +45,18 @@ class LlamaCppTokenizer:
 
 
 class LlamaCppModel:
-    def __init__(self, gguf_path: str | Path, n_ctx: int = 2048, n_threads: int = 2, tokenizer=None,
-                 eos_token_ids: Sequence[int] = ()):
+    """A GGUF model on llama.cpp, one sequence, its KV cache extended and cut back in place."""
+
+    def __init__(self, gguf_path: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
+                 tokenizer=None, eos_token_ids: Sequence[int] = ()):
         try:
             from llama_cpp import Llama
         except ImportError:
             raise ValueError("the llama.cpp runtime needs llama-cpp-python: pip install -e '.[llamacpp]'") from None
-        # logits_all: a verify pass needs the logits of every position, not just the last.
-        self.llama = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=n_threads,
-                           n_threads_batch=n_threads, n_batch=512, logits_all=True, verbose=False)
+        threads = n_threads or os.cpu_count() or 1
+        # logits_all stays off: forward asks llama.cpp for the rows it needs, batch by batch.
+        self.llama = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads,
+                           n_threads_batch=threads, n_batch=512, logits_all=False, verbose=False)
         self.vocab_size = int(self.llama.n_vocab())
         self.tokenizer = tokenizer or LlamaCppTokenizer(self.llama)
         self.eos_token_ids = frozenset({int(self.llama.token_eos()), *eos_token_ids})
@@ -61,16 +67,29 @@ class LlamaCppModel:
     def cached_token_ids(self) -> Sequence[int]:
         return self._cached_ids
 
-    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
+    def forward(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
+        """One ``llama_decode`` per batch of up to n_batch tokens, logits for every position
+        (a verify pass) or only the last (a prefill or a draft step)."""
         assert len(token_ids) > 0, "forward needs at least one token"
-        start = self.llama.n_tokens
-        assert start == len(self._cached_ids), "llama.cpp state and our token list disagree"
-        self.llama.eval(list(token_ids))
-        logits = self.llama.scores[start : start + len(token_ids), : self.vocab_size]
-        self._cached_ids.extend(int(t) for t in token_ids)
-        return torch.from_numpy(logits.copy()).float()
+        ids = [int(t) for t in token_ids]
+        llama, n_past = self.llama, len(self._cached_ids)
+        llama._ctx.kv_cache_seq_rm(-1, n_past, -1)  # what truncate left in the cache goes now
+        rows = []
+        for start in range(0, len(ids), llama.n_batch):
+            chunk = ids[start : start + llama.n_batch]
+            llama._batch.set_batch(batch=chunk, n_past=n_past, logits_all=not last_only)
+            llama._ctx.decode(llama._batch)
+            if not last_only or start + llama.n_batch >= len(ids):
+                n_out = 1 if last_only else len(chunk)
+                logits = np.ctypeslib.as_array(llama._ctx.get_logits(), shape=(n_out * self.vocab_size,))
+                rows.append(logits.reshape(n_out, self.vocab_size).copy())
+            n_past += len(chunk)
+        llama.input_ids[n_past - len(ids) : n_past] = ids  # llama-cpp-python's own bookkeeping
+        llama.n_tokens = n_past
+        self._cached_ids.extend(ids)
+        return torch.from_numpy(np.concatenate(rows))
 
     def truncate(self, n: int) -> None:
         assert 0 <= n <= len(self._cached_ids), f"cannot keep {n} of {len(self._cached_ids)}"
-        self.llama.n_tokens = n  # llama-cpp-python's rollback: the next eval drops the rest
+        self.llama.n_tokens = n  # the next forward (or llama-cpp-python's eval) drops the rest
         del self._cached_ids[n:]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from specdec.bench.harness import WORKLOADS, load_workloads, run_benchmark, runs_to_json, summarize
 from specdec.bench.report import write_reports
-from specdec.bench.systems import DEFAULT_SYSTEMS, LlamaCppSystem, Models, describe, make_system
+from specdec.bench.systems import DEFAULT_SYSTEMS, ModelPool, describe, make_system, reference_of
 from specdec.config import SamplingParams
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -30,12 +30,16 @@ def add_parser(commands) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default: {DEFAULT_DRAFT})")
     p.add_argument("--dtype", choices=["int8", "bfloat16", "float32"], default="int8",
-                   help="runtime of both models, for every system (default: int8)")
+                   help="transformers runtime of both models for systems without @RUNTIME, and of "
+                        "plain, the baseline of every ratio (default: int8)")
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
-                   help="comma-separated: plain, hf-generate, hf-assisted, hf-lookup, llamacpp, and "
-                        "DRAFTER-kN or DRAFTER-auto with DRAFTER one of model, lookup, ngram, "
-                        f"lookup+model, lookup+ngram (default: {','.join(DEFAULT_SYSTEMS)}; llamacpp "
-                        "joins when llama-cpp-python is installed)")
+                   help="comma-separated: plain, hf-generate, hf-assisted, hf-lookup, llamacpp (llama.cpp's "
+                        "own loop), and DRAFTER-kN or DRAFTER-auto with DRAFTER one of model, lookup, "
+                        "ngram, lookup+model, lookup+ngram. Each may end in @RUNTIME: a transformers "
+                        "dtype (int8, bfloat16, float32) or a llama.cpp GGUF type (q4_k_m, q8_0, q4_0, "
+                        "f16, bf16), optionally TARGET/DRAFT, e.g. model-auto@int8/q4_0 "
+                        f"(default: {','.join(DEFAULT_SYSTEMS)}, and llamacpp when llama-cpp-python "
+                        "is installed)")
     p.add_argument("--ngram-model", help="n-gram model file for the ngram systems")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {', '.join(WORKLOADS)}")
     p.add_argument("--prompts-per-workload", type=int, default=8, help="prompts of each workload (default: 8)")
@@ -53,25 +57,29 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.prompts_per_workload < 1:
         raise ValueError("--repeats and --prompts-per-workload must be >= 1")
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    if args.systems == ",".join(DEFAULT_SYSTEMS) and not args.quick and _have_llamacpp():
+        names.append("llamacpp")
     ngram = None
     if args.ngram_model:
         from specdec.drafters import NGramModel
 
         ngram = NGramModel.load(args.ngram_model)
-    for name in names:
-        if name != "llamacpp":
-            describe_or_fail(name, ngram)
     if "plain" not in names:
         names.insert(0, "plain")  # every ratio is against it
+    checker = ModelPool(None, lambda role, runtime, progress: None)  # names checked before loading
+    for name in names:
+        make_system(name, checker, ngram, args.dtype)
     per_workload = 2 if args.quick else args.prompts_per_workload
     max_tokens = 12 if args.quick else args.max_tokens
     items = load_workloads([w.strip() for w in args.workloads.split(",")], per_workload)
     params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
+    pool, target_label = _pool(args)
+    systems = {name: make_system(name, pool, ngram, args.dtype) for name in names}
     with progress_bar() as progress:
-        models, target_label = _models(args, progress)
-    systems = {name: make_system(name, models, ngram) for name in names if name != "llamacpp"}
-    descriptions = {name: describe(name) for name in systems}
-    _add_llamacpp(args, names, systems, descriptions)
+        pool.progress = progress
+        pool.load(set().union(*(system.needs for system in systems.values())))
+    descriptions = {name: describe(name, args.dtype) for name in systems}
+    references = {name: reference_of(name, names, args.dtype) for name in names}
     total = len(items) * len(systems) * args.repeats
     with progress_bar() as progress:
         done = [0]
@@ -80,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
             done[0] += 1
             progress("benchmark runs", done[0], total)
 
-        runs = run_benchmark(systems, items, models.tokenizer, params, args.repeats, progress=step)
+        runs = run_benchmark(systems, items, pool.tokenizer, params, args.repeats, progress=step,
+                             references=references)
     rows = summarize(runs)
     date = datetime.datetime.now().strftime("%Y-%m-%d")
     out_dir = Path(args.out or f"bench/results/{date}")
@@ -94,43 +103,45 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe_or_fail(name: str, ngram) -> None:
-    """Validate a system name before any model is loaded."""
-    make_system(name, Models(None, None, None), ngram)
+def _have_llamacpp() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
 
 
-def _models(args: argparse.Namespace, progress) -> tuple[Models, str]:
+def _pool(args: argparse.Namespace) -> tuple[ModelPool, str]:
+    """Loaders for every (role, runtime) the systems need; each runs once, on first need."""
     if args.quick:
-        from specdec.backends.int8 import make_int8_batch_invariant
         from specdec.bench.tiny import char_tokenizer, perturbed_copy, tiny_llama
 
-        target = tiny_llama(seed=0, max_positions=4096)
-        draft = perturbed_copy(target, noise=0.03, seed=1)
-        if args.dtype == "int8":
-            target, draft = make_int8_batch_invariant(target), make_int8_batch_invariant(draft)
-        return Models(target, draft, char_tokenizer()), "tiny random Llama (quick mode)"
-    from specdec.loading import load_backend
+        def load_tiny(role: str, dtype: str, progress):  # noqa: ARG001 - built in a blink
+            from specdec.backends.int8 import make_int8_batch_invariant
 
-    target = load_backend(args.target, args.dtype, args.cache_dir, progress)
-    draft = load_backend(args.draft, args.dtype, args.cache_dir, progress)
-    return Models(target.model, draft.model, target.tokenizer), args.target
+            target = tiny_llama(seed=0, max_positions=4096)
+            model = target if role == "target" else perturbed_copy(target, noise=0.03, seed=1)
+            if dtype == "int8":
+                return make_int8_batch_invariant(model)
+            return model.to(torch_dtype(dtype))
+
+        return ModelPool(char_tokenizer(), load_tiny), "tiny random Llama (quick mode)"
+    from specdec.loading import load_backend, load_tokenizer
+
+    specs = {"target": args.target, "draft": args.draft}
+
+    def load_hf(role: str, dtype: str, progress):
+        return load_backend(specs[role], dtype, args.cache_dir, progress).model
+
+    def load_gguf(role: str, gguf_type: str, progress):
+        return load_backend(specs[role], cache_dir=args.cache_dir, progress=progress,
+                            runtime="llamacpp", gguf_type=gguf_type)
+
+    return ModelPool(load_tokenizer(args.target, args.cache_dir), load_hf, load_gguf), args.target
 
 
-def _add_llamacpp(args, names, systems, descriptions) -> None:
-    wanted = "llamacpp" in names
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        if wanted:
-            sys.stderr.write("llamacpp skipped: llama-cpp-python is not installed\n")
-        return
-    from specdec.models import CATALOG, cache_root, ensure_gguf
+def torch_dtype(name: str):
+    import torch
 
-    if args.quick or args.target not in CATALOG:
-        return
-    gguf = ensure_gguf(CATALOG[args.target], cache_root(args.cache_dir))
-    systems["llamacpp"] = LlamaCppSystem("llamacpp", str(gguf))
-    descriptions["llamacpp"] = "llama.cpp, the target's own GGUF (Q4_K_M), 2 threads"
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
 def machine() -> str:

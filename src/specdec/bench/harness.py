@@ -49,16 +49,21 @@ class Run:
     generated_tokens: int
     seconds: float
     tokens_per_second: float
-    identical_to_baseline: bool | None
+    identical_to_reference: bool | None  # greedy: same tokens as the plain run it is judged by
+    reference: str  # that plain system: the one on this system's target runtime, if any
     stats: dict | None
     token_ids: list[int]
 
 
 def run_benchmark(systems: dict, items: list[PromptItem], tokenizer, params: SamplingParams,
                   repeats: int, baseline: str = "plain",
-                  progress: Callable[[str], None] = lambda label: None) -> list[Run]:
-    """All runs; ``systems`` maps a name to an object with ``run(prompt_ids, params)``."""
+                  progress: Callable[[str], None] = lambda label: None,
+                  references: dict[str, str] | None = None) -> list[Run]:
+    """All runs; ``systems`` maps a name to an object with ``run(prompt_ids, params)``.
+    ``references`` names, per system, the run its tokens are compared with (default: the
+    baseline)."""
     assert baseline in systems, "the baseline system must be part of the run"
+    references = {name: (references or {}).get(name, baseline) for name in systems}
     chat_ok = bool(getattr(tokenizer, "chat_template", None))  # tiny test tokenizers have none
     encoded = {item.id: encode_prompt(tokenizer, item.prompt, item.template if chat_ok else "raw")
                for item in items}
@@ -72,13 +77,13 @@ def run_benchmark(systems: dict, items: list[PromptItem], tokenizer, params: Sam
             for name in order:
                 progress(f"pass {repeat + 1}/{repeats} {item.id} {name}")
                 outputs[name] = systems[name].run(encoded[item.id], params)
-            reference = outputs[baseline].token_ids
             for name in names:
-                out = outputs[name]
+                out, reference = outputs[name], references[name]
                 runs.append(Run(
                     name, item.workload, item.id, repeat, len(encoded[item.id]), len(out.token_ids),
                     out.seconds, len(out.token_ids) / out.seconds if out.seconds else 0.0,
-                    (out.token_ids == reference) if params.greedy else None, out.stats, out.token_ids,
+                    (out.token_ids == outputs[reference].token_ids) if params.greedy else None,
+                    reference, out.stats, out.token_ids,
                 ))
     return runs
 
@@ -112,11 +117,13 @@ def summarize(runs: list[Run], baseline: str = "plain") -> list[dict]:
         stats = [r.stats for r in mine if r.stats]
         drafted = sum(s["drafted_tokens"] for s in stats)
         rounds = sum(s["rounds"] for s in stats)
-        identical = [r.identical_to_baseline for r in mine if r.identical_to_baseline is not None]
+        identical = [r.identical_to_reference for r in mine if r.identical_to_reference is not None]
         rows.append({
-            "workload": workload, "system": system, "runs": len(mine),
+            "workload": workload, "system": system, "runs": len(mine), "reference": mine[0].reference,
             "tokens_per_second": statistics.median(tps), "tokens_per_second_min": min(tps),
             "tokens_per_second_max": max(tps),
+            "ms_per_token": statistics.median(1000 * r.seconds / r.generated_tokens for r in mine
+                                              if r.generated_tokens) if any(r.generated_tokens for r in mine) else None,
             "speedup": statistics.median(ratios) if ratios else None,
             "speedup_min": min(ratios) if ratios else None, "speedup_max": max(ratios) if ratios else None,
             "acceptance_rate": sum(s["accepted_tokens"] for s in stats) / drafted if drafted else None,

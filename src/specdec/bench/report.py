@@ -14,36 +14,41 @@ def _fmt(value, spec: str = ".2f", none: str = "-") -> str:
 
 def markdown_table(rows: list[dict], descriptions: dict[str, str]) -> str:
     lines = [
-        "| workload | system | tok/s median (min–max) | speedup vs plain (min–max) | acceptance | mean accepted length | identical to plain |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | system | tok/s median (min–max) | ms/token | speedup vs plain (min–max) | acceptance | mean accepted length | identical to plain* |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         identical = "n/a" if row["identical"] is None else f"{row['identical'] * 100:.0f}%"
         lines.append(
             f"| {row['workload']} | {row['system']} | {row['tokens_per_second']:.2f} "
             f"({row['tokens_per_second_min']:.2f}–{row['tokens_per_second_max']:.2f}) | "
+            f"{_fmt(row['ms_per_token'], '.0f')} | "
             f"{_fmt(row['speedup'])}x ({_fmt(row['speedup_min'])}–{_fmt(row['speedup_max'])}) | "
             f"{_fmt(row['acceptance_rate'])} | {_fmt(row['mean_accepted_length'])} | {identical} |"
         )
+    lines.append("")
+    lines.append("\\* identical: the same tokens as the plain run on the system's own target runtime "
+                 "(`plain@RUNTIME`) when the run has one, else as `plain`; runtimes round differently.")
     lines.append("")
     lines += [f"- `{name}`: {text}" for name, text in descriptions.items()]
     return "\n".join(lines) + "\n"
 
 
-def theory_points(runs: list[dict], baseline: str = "plain") -> list[dict]:
+def theory_points(runs: list[dict]) -> list[dict]:
     """Per speculative run with a fixed k: measured speedup vs the paper's prediction
     E[tokens](alpha, k) / (k c + v), with alpha, c and v measured in the same run
-    (c, v relative to the baseline's decode step on the same prompt and pass)."""
+    (c, v relative to the decode step of its reference plain run: same prompt, same pass,
+    same target runtime)."""
     steps = {}
     for run in runs:
         stats = run["stats"]
-        if run["system"] == baseline and stats and stats["rounds"]:
-            steps[(run["prompt_id"], run["repeat"])] = stats["target_seconds"] / stats["rounds"]
+        if run["system"] == run["reference"] and stats and stats["rounds"]:
+            steps[(run["system"], run["prompt_id"], run["repeat"])] = stats["target_seconds"] / stats["rounds"]
     points = []
     for run in runs:
         stats = run["stats"]
-        step = steps.get((run["prompt_id"], run["repeat"]))
-        if not stats or not step or not stats["drafted_tokens"] or run["system"] == baseline:
+        step = steps.get((run["reference"], run["prompt_id"], run["repeat"]))
+        if not stats or not step or not stats["drafted_tokens"] or run["system"] == run["reference"]:
             continue
         drafting = {int(k): n for k, n in stats["k_per_round"].items() if k != "0"}
         k = max(drafting, key=drafting.get)

@@ -1,7 +1,10 @@
 """The systems a benchmark compares, each behind one small interface.
 
-Every system decodes the same prompt ids with the same target weights and runtime; only the
-decoding method differs. Caches start empty for every run, so no system gets a prefix for free.
+A system is ``NAME`` or ``NAME@RUNTIME``. RUNTIME is the target's runtime, optionally with
+the draft's after a slash: a transformers precision (int8, bfloat16, float32) or a GGUF type
+run by llama.cpp (q4_k_m, the catalog's own file; q8_0, q4_0, f16, bf16 made from it). A name
+without one runs on the benchmark's ``--dtype``. Systems on the same runtime share the same
+weights; caches start empty for every run, so no system gets a prefix for free.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK
 from specdec.drafters import FallbackDrafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
 from specdec.engine import Engine
+from specdec.models import GGUF_TYPES
+
+TRANSFORMERS_DTYPES = ("int8", "bfloat16", "float32")
 
 
 @dataclass(frozen=True)
@@ -26,27 +32,90 @@ class RunOutput:
     stats: dict | None  # SpecStats.to_dict() for specdec systems, None for peers
 
 
-@dataclass
-class Models:
-    """The loaded pair: raw transformers modules, shared by every system."""
+@dataclass(frozen=True)
+class Runtime:
+    """Where the target and the draft run: a transformers dtype or a GGUF type each."""
 
-    target: torch.nn.Module
-    draft: torch.nn.Module
-    tokenizer: object
+    target: str
+    draft: str
+
+    @property
+    def label(self) -> str:
+        return self.target if self.draft == self.target else f"{self.target}/{self.draft}"
+
+    @staticmethod
+    def parse(text: str) -> Runtime:
+        target, _, draft = text.partition("/")
+        runtime = Runtime(target, draft or target)
+        for part in (runtime.target, runtime.draft):
+            if not is_transformers(part) and part not in GGUF_TYPES:
+                raise ValueError(f"unknown runtime {part!r}: use one of {', '.join(TRANSFORMERS_DTYPES)} "
+                                 f"(transformers) or {', '.join(GGUF_TYPES)} (llama.cpp GGUF types)")
+        return runtime
+
+
+def is_transformers(runtime: str) -> bool:
+    return runtime in TRANSFORMERS_DTYPES
+
+
+class ModelPool:
+    """Loads each (role, runtime) once and hands out backends with empty caches.
+
+    ``load_hf(role, dtype, progress)`` returns a transformers module; ``load_gguf(role, type,
+    progress)`` a ``LlamaCppModel`` (one per file, shared by every system on it).
+    """
+
+    def __init__(self, tokenizer, load_hf: Callable, load_gguf: Callable | None = None):
+        self.tokenizer = tokenizer
+        self._load_hf, self._load_gguf = load_hf, load_gguf
+        self.progress = None  # set while loading, for the loaders' progress bars
+        self._loaded: dict[tuple[str, str], object] = {}
+
+    def module(self, role: str, dtype: str):
+        return self._get(role, dtype)
+
+    def backend(self, role: str, runtime: str):
+        """A backend of ``role`` ("target" or "draft") on ``runtime``, its cache empty."""
+        if is_transformers(runtime):
+            return HFModel(self._get(role, runtime), self.tokenizer)
+        model = self._get(role, runtime)
+        model.truncate(0)
+        return model
+
+    def load(self, needs: set[tuple[str, str]]) -> None:
+        for role, runtime in sorted(needs):
+            self._get(role, runtime)
+
+    def _get(self, role: str, runtime: str):
+        key = (role, runtime)
+        if key not in self._loaded:
+            if is_transformers(runtime):
+                self._loaded[key] = self._load_hf(role, runtime, self.progress)
+            elif self._load_gguf is None:
+                raise ValueError(f"runtime {runtime!r} needs llama.cpp and the catalog's GGUF models")
+            else:
+                self._loaded[key] = self._load_gguf(role, runtime, self.progress)
+        return self._loaded[key]
 
 
 class SpecdecSystem:
     """specdec's engine with a given drafter recipe and k; fresh caches per run, while an
     adaptive controller keeps what it learned across runs (as a server's engine would)."""
 
-    def __init__(self, name: str, models: Models, drafters: Callable[[], list], k: int | str):
-        self.name, self.models, self.drafters, self.spec = name, models, drafters, SpecConfig(k=k)
+    def __init__(self, name: str, pool: ModelPool, runtime: Runtime, drafters: Callable[[], list], k: int | str):
+        self.name, self.pool, self.runtime, self.drafters = name, pool, runtime, drafters
+        self.spec = SpecConfig(k=k)
         self.controller: AdaptiveK | None = None
+
+    @property
+    def needs(self) -> set[tuple[str, str]]:
+        return {("target", self.runtime.target)} | (
+            {("draft", self.runtime.draft)} if "model" in self.name.split("@")[0] else set())
 
     def run(self, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
         drafters = self.drafters()
         drafter = None if not drafters else drafters[0] if len(drafters) == 1 else FallbackDrafter(drafters)
-        engine = Engine(HFModel(self.models.target, self.models.tokenizer), drafter)
+        engine = Engine(self.pool.backend("target", self.runtime.target), drafter)
         engine.controller = self.controller
         started = time.perf_counter()
         out = engine.generate(prompt_ids, params, self.spec if drafter else SpecConfig(k=0))
@@ -59,14 +128,22 @@ class HFGenerateSystem:
     """transformers' own ``generate()``: plain, assisted (draft model) or prompt lookup,
     with transformers' default schedules."""
 
-    def __init__(self, name: str, models: Models, **generate_kwargs):
-        self.name, self.models, self.generate_kwargs = name, models, generate_kwargs
+    def __init__(self, name: str, pool: ModelPool, runtime: Runtime, **generate_kwargs):
+        self.name, self.pool, self.runtime, self.generate_kwargs = name, pool, runtime, generate_kwargs
+        if not is_transformers(runtime.target) or not is_transformers(runtime.draft):
+            raise ValueError(f"system {name!r}: transformers generate() needs a transformers runtime")
+
+    @property
+    def needs(self) -> set[tuple[str, str]]:
+        return {("target", self.runtime.target)} | (
+            {("draft", self.runtime.draft)} if self.generate_kwargs.get("assistant") else set())
 
     @torch.inference_mode()
     def run(self, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
         kwargs = dict(self.generate_kwargs)
         if kwargs.pop("assistant", False):
-            kwargs["assistant_model"] = self.models.draft
+            kwargs["assistant_model"] = self.pool.module("draft", self.runtime.draft)
+        target = self.pool.module("target", self.runtime.target)
         input_ids = torch.tensor([prompt_ids])
         sampling = {"do_sample": False} if params.greedy else {
             "do_sample": True, "temperature": params.temperature,
@@ -75,9 +152,9 @@ class HFGenerateSystem:
         if params.seed is not None and not params.greedy:
             torch.manual_seed(params.seed)  # transformers samples from the global RNG
         started = time.perf_counter()
-        out = self.models.target.generate(
+        out = target.generate(
             input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=params.max_tokens, pad_token_id=self.models.tokenizer.eos_token_id,
+            max_new_tokens=params.max_tokens, pad_token_id=self.pool.tokenizer.eos_token_id,
             **sampling, **kwargs,
         )
         seconds = time.perf_counter() - started
@@ -85,31 +162,32 @@ class HFGenerateSystem:
 
 
 class LlamaCppSystem:
-    """Plain llama.cpp decoding of the target's GGUF (the optional llama-cpp-python)."""
+    """Plain decoding by llama-cpp-python's own ``generate`` loop and sampler: what a CPU
+    user runs today. Shares the GGUF's loaded model with specdec systems on that runtime."""
 
-    def __init__(self, name: str, gguf_path: str, threads: int = 2):
-        from llama_cpp import Llama
+    def __init__(self, name: str, pool: ModelPool, runtime: Runtime):
+        if is_transformers(runtime.target):
+            raise ValueError(f"system {name!r}: llamacpp runs a GGUF type (e.g. llamacpp@q4_k_m)")
+        self.name, self.pool, self.runtime = name, pool, runtime
 
-        self.name = name
-        self.llama = Llama(model_path=gguf_path, n_ctx=2048, n_threads=threads, verbose=False)
+    @property
+    def needs(self) -> set[tuple[str, str]]:
+        return {("target", self.runtime.target)}
 
     def run(self, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
-        self.llama.reset()
+        model = self.pool.backend("target", self.runtime.target)  # its cache emptied
+        llama = model.llama
         started = time.perf_counter()
-        token_ids = []
-        for token in self.llama.generate(prompt_ids, temp=params.temperature or 0.0,
-                                         top_k=params.top_k or 1_000_000, top_p=params.top_p):
-            if token in (self.llama.token_eos(),):
-                token_ids.append(int(token))
-                break
+        token_ids: list[int] = []
+        for token in llama.generate(prompt_ids, temp=params.temperature or 0.0, reset=True,
+                                    top_k=params.top_k or 0, top_p=params.top_p, min_p=0.0,
+                                    repeat_penalty=1.0):
             token_ids.append(int(token))
-            if len(token_ids) >= params.max_tokens:
+            if int(token) in model.eos_token_ids or len(token_ids) >= params.max_tokens:
                 break
-        return RunOutput(token_ids, time.perf_counter() - started, None)
-
-
-def draft_model(models: Models) -> ModelDrafter:
-    return ModelDrafter(HFModel(models.draft))
+        seconds = time.perf_counter() - started
+        model.truncate(0)  # generate moved llama.cpp's state under the backend: start clean
+        return RunOutput(token_ids, seconds, None)
 
 
 PEERS = {
@@ -123,32 +201,59 @@ DEFAULT_SYSTEMS = ("plain", "model-k4", "model-auto", "lookup-k4", "lookup+model
                    "hf-generate", "hf-assisted", "hf-lookup")
 
 
-def describe(name: str) -> str:
-    if name == "plain":
-        return "specdec, target alone (the baseline)"
-    if name in PEERS:
-        return PEERS[name][0]
-    drafter, _, k = name.rpartition("-")
-    return f"specdec, {DRAFTER_NAMES[drafter]}, " + ("adaptive k" if k == "auto" else f"k={k[1:]}")
+def split_name(name: str, default_runtime: str) -> tuple[str, Runtime]:
+    base, _, runtime = name.partition("@")
+    if base == "llamacpp" and not runtime:
+        runtime = "q4_k_m"
+    return base, Runtime.parse(runtime or default_runtime)
 
 
-def make_system(name: str, models: Models, ngram=None):
-    """``plain``, a peer, or ``DRAFTER-kN`` / ``DRAFTER-auto`` for a drafter of DRAFTER_NAMES."""
-    if name == "plain":
-        return SpecdecSystem(name, models, lambda: [], 0)
-    if name in PEERS:
-        return HFGenerateSystem(name, models, **PEERS[name][1])
-    drafter, _, k_text = name.rpartition("-")
+def describe(name: str, default_runtime: str = "int8") -> str:
+    base, runtime = split_name(name, default_runtime)
+    where = f" [{runtime.label}]"
+    if base == "plain":
+        return "specdec, target alone" + where
+    if base == "llamacpp":
+        return f"llama.cpp's own generate loop, the target's GGUF ({runtime.target}), 2 threads"
+    if base in PEERS:
+        return PEERS[base][0] + where
+    drafter, _, k = base.rpartition("-")
+    return f"specdec, {DRAFTER_NAMES[drafter]}, " + ("adaptive k" if k == "auto" else f"k={k[1:]}") + where
+
+
+def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "int8"):
+    """``plain``, ``llamacpp``, a transformers peer, or ``DRAFTER-kN`` / ``DRAFTER-auto`` for
+    a drafter of DRAFTER_NAMES; each optionally ``@RUNTIME``."""
+    base, runtime = split_name(name, default_runtime)
+    if base == "plain":
+        return SpecdecSystem(name, pool, runtime, lambda: [], 0)
+    if base == "llamacpp":
+        return LlamaCppSystem(name, pool, runtime)
+    if base in PEERS:
+        return HFGenerateSystem(name, pool, runtime, **PEERS[base][1])
+    drafter, _, k_text = base.rpartition("-")
     if drafter not in DRAFTER_NAMES or not (k_text == "auto" or (k_text[:1] == "k" and k_text[1:].isdigit())):
-        raise ValueError(f"unknown system {name!r}; use plain, {', '.join(PEERS)}, or DRAFTER-kN / "
-                         f"DRAFTER-auto with DRAFTER one of {', '.join(DRAFTER_NAMES)}")
+        raise ValueError(f"unknown system {name!r}; use plain, llamacpp, {', '.join(PEERS)}, or DRAFTER-kN / "
+                         f"DRAFTER-auto with DRAFTER one of {', '.join(DRAFTER_NAMES)}; each may end "
+                         "in @RUNTIME")
     if "ngram" in drafter and ngram is None:
         raise ValueError(f"system {name!r} needs --ngram-model (make one with 'specdec ngram build')")
     k = "auto" if k_text == "auto" else int(k_text[1:])
 
     def drafters():
-        made = {"model": lambda: draft_model(models), "lookup": PromptLookupDrafter,
-                "ngram": lambda: NGramDrafter(ngram)}
+        made = {"model": lambda: ModelDrafter(pool.backend("draft", runtime.draft)),
+                "lookup": PromptLookupDrafter, "ngram": lambda: NGramDrafter(ngram)}
         return [made[part]() for part in drafter.split("+")]
 
-    return SpecdecSystem(name, models, drafters, k)
+    return SpecdecSystem(name, pool, runtime, drafters, k)
+
+
+def reference_of(name: str, names: list[str], default_runtime: str) -> str:
+    """The plain system of the same target runtime, when the run has one; else ``plain``.
+    Token identity is judged against it: different runtimes round differently."""
+    target = split_name(name, default_runtime)[1].target
+    for other in names:
+        base, runtime = split_name(other, default_runtime)
+        if base == "plain" and runtime.target == target:
+            return other
+    return "plain"

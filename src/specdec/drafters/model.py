@@ -43,7 +43,7 @@ class ModelDrafter:
         # Keep at least the last context token unfed: its logits give the first draft.
         keep = min(common_prefix_length(self.backend.cached_token_ids, context), len(context) - 1)
         self.backend.truncate(keep)
-        logits = self.backend.forward(context[keep:])[-1]
+        logits = self.backend.forward(context[keep:], last_only=True)[-1]
         token_ids: list[int] = []
         probs: list[torch.Tensor] = []
         confidences: list[float] = []
@@ -58,7 +58,7 @@ class ModelDrafter:
                     break
             if len(token_ids) == k:
                 break
-            logits = self.backend.forward([token_id])[-1]
+            logits = self.backend.forward([token_id], last_only=True)[-1]
         return Proposal(token_ids, torch.stack(probs) if probs else None, self.name,
                         confidences if keep_going is not None else None)
 
