@@ -182,3 +182,14 @@ def test_tune_command_prints_table_and_saves_plot(model_dirs, tmp_path, capsys):
     assert [row["k"] for row in saved["rows"]] == [1, 2, 3]
     assert saved["alpha"]["repeats"] == 2 and saved["alpha"]["target_step_seconds"] > 0
     assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_draft_runtime_auto_prefers_llamacpp_for_catalog_drafts_when_installed():
+    import importlib.util
+
+    from specdec.cli import draft_runtime
+
+    installed = importlib.util.find_spec("llama_cpp") is not None
+    assert draft_runtime("auto", "qwen2.5-coder-0.5b-instruct") == ("llamacpp" if installed else "transformers")
+    assert draft_runtime("auto", "/models/my-draft") == "transformers"  # a directory: transformers only
+    assert draft_runtime("transformers", "qwen2.5-coder-0.5b-instruct") == "transformers"

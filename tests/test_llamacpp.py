@@ -96,3 +96,18 @@ def test_requantized_types_load_and_agree(tmp_path):
     assert agree > 0.7, "Q8_0 made from the Q4_K_M file predicts much like it"
     with pytest.raises(ValueError, match="GGUF type"):
         ensure_gguf_type(CATALOG[DRAFT], cache_root(), "q2_k")
+
+
+def test_int8_target_with_llamacpp_q4_0_draft_equals_plain_int8():
+    """The default when the extra is installed: the draft on llama.cpp Q4_0, the target in
+    batch-invariant int8, so speculative output is plain int8's, token for token."""
+    target = load_backend(DRAFT, "int8")
+    draft = load_backend(DRAFT, runtime="llamacpp", gguf_type="q4_0")
+    engine = Engine(target, ModelDrafter(draft))
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    for text in ("def merge_sort(items):\n", "Write a haiku about the sea."):
+        prompt = target.tokenizer.encode(text)
+        plain = Engine(target).generate(prompt, params, SpecConfig(k=0))
+        speculative = engine.generate(prompt, params, SpecConfig(k="auto"))
+        assert speculative.token_ids == plain.token_ids
+        assert speculative.stats.drafted_tokens > 0

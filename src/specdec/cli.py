@@ -122,14 +122,16 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-runtime", choices=["transformers", "llamacpp"], default="transformers",
                    help="runtime of the target: transformers (with --dtype) or llamacpp (the GGUF "
                         "as is; needs the llamacpp extra). Default: transformers")
-    p.add_argument("--draft-runtime", choices=["transformers", "llamacpp"], default="transformers",
+    p.add_argument("--draft-runtime", choices=["auto", "transformers", "llamacpp"], default="auto",
                    help="runtime of the draft model; a pair may mix runtimes when their "
-                        "vocabularies agree (checked at load). Default: transformers")
-    p.add_argument("--gguf-type", choices=list(GGUF_TYPES), default="q4_k_m",
+                        "vocabularies agree (checked at load). auto (default): llamacpp when "
+                        "llama-cpp-python is installed and the draft is a catalog model (its Q4_0 "
+                        "0.5B steps in ~29 ms here, against ~80 ms in int8), else transformers. "
+                        "The output is the target's either way")
+    p.add_argument("--gguf-type", choices=list(GGUF_TYPES),
                    help="llamacpp runtime, catalog models: the GGUF type to run; q4_k_m is the "
                         "catalog's own file, the others are made from it once with llama.cpp's "
-                        "quantizer (q8_0, q4_0, f16, bf16 have batched kernels: cheaper verify passes). "
-                        "Default: q4_k_m")
+                        "quantizer. Default: q4_k_m for a target, q4_0 for a draft")
     p.add_argument("--drafter", default="model", metavar="KIND",
                    help="who drafts: model (the --draft model), lookup (copies from the prompt "
                         "and output), ngram (an n-gram model, --ngram-model), a '+'-joined "
@@ -262,6 +264,19 @@ def drafter_kinds(spec: str) -> list[str]:
     return kinds
 
 
+def draft_runtime(choice: str, draft: str) -> str:
+    """``auto``: llama.cpp for a catalog draft when llama-cpp-python is installed (the
+    cheapest draft step measured), else transformers."""
+    if choice != "auto":
+        return choice
+    import importlib.util
+
+    from specdec.models import CATALOG
+
+    have_llamacpp = importlib.util.find_spec("llama_cpp") is not None
+    return "llamacpp" if have_llamacpp and draft in CATALOG else "transformers"
+
+
 def _build_engine(args: argparse.Namespace, kinds: list[str]):
     from specdec.backends.compat import check_same_vocabulary
     from specdec.cli_output import progress_bar
@@ -271,14 +286,14 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
 
     with progress_bar() as progress:
         target = load_backend(args.target, args.dtype, args.cache_dir, progress, args.target_runtime,
-                              args.gguf_type)
+                              args.gguf_type or "q4_k_m")
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
         drafters = []
         for kind in kinds if args.k != 0 else []:
             if kind == "model":
-                draft = load_backend(args.draft, args.dtype, args.cache_dir, progress, args.draft_runtime,
-                                     args.gguf_type)
+                draft = load_backend(args.draft, args.dtype, args.cache_dir, progress,
+                                     draft_runtime(args.draft_runtime, args.draft), args.gguf_type or "q4_0")
                 check_same_vocabulary(target, draft)
                 drafters.append(ModelDrafter(draft))
             elif kind == "lookup":

@@ -30,8 +30,12 @@ def output_dict(out: Output) -> dict:
 
 @contextlib.contextmanager
 def progress_bar() -> Iterator:
-    """A ``models.Progress`` callback drawing rich bars on stderr, one per step."""
+    """A ``models.Progress`` callback drawing rich bars on stderr, one per step; when stderr
+    is not a terminal (a log file), a plain line at every tenth of each step instead."""
     console = Console(stderr=True)
+    if not console.is_terminal:
+        yield _progress_lines()
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as bars:
         tasks: dict[str, int] = {}
@@ -42,6 +46,22 @@ def progress_bar() -> Iterator:
             bars.update(tasks[step], completed=done, total=total)
 
         yield update
+
+
+def _progress_lines():
+    import time
+
+    started = time.perf_counter()
+    shown: dict[str, int] = {}
+
+    def update(step: str, done: int, total: int) -> None:
+        tenth = 10 * done // total if total else 10
+        if shown.get(step, -1) < tenth:
+            shown[step] = tenth
+            sys.stderr.write(f"{step}: {done}/{total} ({time.perf_counter() - started:.0f} s)\n")
+            sys.stderr.flush()
+
+    return update
 
 
 def compare_plain(engine: Engine, prompt_ids, params, speculative: Output) -> dict:
@@ -141,7 +161,7 @@ def summary_line(stats: SpecStats, finish_reason: str | None) -> str:
 
 
 def print_tune(costs, rows, alpha: dict, recommended: int, paths: dict) -> None:
-    console = Console(highlight=False)
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)  # files: whole columns
     step = alpha["target_step_seconds"]
     console.print(f"in the runs: target step {step * 1e3:.1f} ms, draft {alpha['draft_seconds_per_token'] * 1e3:.1f} "
                   f"ms per token (c = {alpha['draft_seconds_per_token'] / step:.2f}), engine overhead "

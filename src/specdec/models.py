@@ -262,7 +262,10 @@ def _requantize(source: Path, target: Path, ftype_name: str, progress: Progress)
     params.allow_requantize = True
     params.nthread = os.cpu_count() or 1
     progress(f"requantizing to {target.name} (once)", 0, 1)
-    code = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
+    from llama_cpp._utils import suppress_stdout_stderr  # llama.cpp logs every tensor
+
+    with suppress_stdout_stderr(disable=False):
+        code = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
     if code != 0:
         partial.unlink(missing_ok=True)
         raise ModelError(f"llama.cpp could not requantize {source.name} ({ftype_name}, code {code})")

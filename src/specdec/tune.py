@@ -172,7 +172,8 @@ def write_outputs(out_dir: Path, costs: CostCurve, rows: list[TuneRow], alpha: d
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("k (drafted tokens per round)")
     ax.set_ylabel("speedup over plain decoding")
-    ax.set_title(f"alpha={alpha['alpha']:.2f}, c={costs.c:.2f}, v(k+1) measured")
+    c = alpha["draft_seconds_per_token"] / alpha["target_step_seconds"]  # as in the runs
+    ax.set_title(f"alpha={alpha['alpha']:.2f}, c={c:.2f} (in the runs), v(k+1) from the cost curve")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(paths["plot"], dpi=120)

@@ -47,7 +47,7 @@ class LlamaCppTokenizer:
 class LlamaCppModel:
     """A GGUF model on llama.cpp, one sequence, its KV cache extended and cut back in place."""
 
-    def __init__(self, gguf_path: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
+    def __init__(self, gguf_path: str | Path, n_ctx: int = 8192, n_threads: int | None = None,
                  tokenizer=None, eos_token_ids: Sequence[int] = ()):
         try:
             from llama_cpp import Llama

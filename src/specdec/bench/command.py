@@ -38,8 +38,8 @@ def add_parser(commands) -> None:
                         "ngram, lookup+model, lookup+ngram. Each may end in @RUNTIME: a transformers "
                         "dtype (int8, bfloat16, float32) or a llama.cpp GGUF type (q4_k_m, q8_0, q4_0, "
                         "f16, bf16), optionally TARGET/DRAFT, e.g. model-auto@int8/q4_0 "
-                        f"(default: {','.join(DEFAULT_SYSTEMS)}, and llamacpp when llama-cpp-python "
-                        "is installed)")
+                        f"(default: {','.join(DEFAULT_SYSTEMS)}, and llamacpp and model-auto@DTYPE/q4_0 "
+                        "when llama-cpp-python is installed)")
     p.add_argument("--ngram-model", help="n-gram model file for the ngram systems")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {', '.join(WORKLOADS)}")
     p.add_argument("--prompts-per-workload", type=int, default=8, help="prompts of each workload (default: 8)")
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--repeats and --prompts-per-workload must be >= 1")
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
     if args.systems == ",".join(DEFAULT_SYSTEMS) and not args.quick and _have_llamacpp():
-        names.append("llamacpp")
+        names += ["llamacpp", f"model-auto@{args.dtype}/q4_0"]  # the bar, and a llama.cpp draft
     ngram = None
     if args.ngram_model:
         from specdec.drafters import NGramModel

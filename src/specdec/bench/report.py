@@ -18,7 +18,8 @@ def markdown_table(rows: list[dict], descriptions: dict[str, str]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        identical = "n/a" if row["identical"] is None else f"{row['identical'] * 100:.0f}%"
+        identical = ("n/a" if row["identical"] is None else "reference" if row["system"] == row["reference"]
+                     else f"{row['identical'] * 100:.0f}%")
         lines.append(
             f"| {row['workload']} | {row['system']} | {row['tokens_per_second']:.2f} "
             f"({row['tokens_per_second_min']:.2f}–{row['tokens_per_second_max']:.2f}) | "

@@ -9,6 +9,7 @@ weights; caches start empty for every run, so no system gets a prefix for free.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -214,7 +215,7 @@ def describe(name: str, default_runtime: str = "int8") -> str:
     if base == "plain":
         return "specdec, target alone" + where
     if base == "llamacpp":
-        return f"llama.cpp's own generate loop, the target's GGUF ({runtime.target}), 2 threads"
+        return f"llama.cpp's own generate loop, the target's GGUF ({runtime.target}), {os.cpu_count()} threads"
     if base in PEERS:
         return PEERS[base][0] + where
     drafter, _, k = base.rpartition("-")
