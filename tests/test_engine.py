@@ -146,3 +146,39 @@ class TestBadInput:
 
 def test_eos_id_is_known_from_the_config(target_model):
     assert EOS_ID in backend(target_model).eos_token_ids
+
+
+class _NeverDrafts:
+    """A controller that has learned speculation does not pay."""
+
+    max_k = 8
+
+    def choose_k(self) -> int:
+        return 0
+
+    def keep_going(self, confidences) -> bool:
+        return False
+
+    def observe(self, *args) -> None:
+        pass
+
+
+def test_no_draft_prefill_when_the_controller_will_not_draft(target_model, draft_model, tokenizer):
+    class CountingDrafter(ModelDrafter):
+        prepared = 0
+
+        def prepare(self, context):
+            CountingDrafter.prepared += 1
+            super().prepare(context)
+
+    drafter = CountingDrafter(backend(draft_model))
+    engine = Engine(backend(target_model, tokenizer), drafter)
+    prompt, params = tokenizer.encode("the cat"), SamplingParams(max_tokens=8, temperature=0.0)
+    expected = Engine(backend(target_model, tokenizer)).generate(prompt, params).token_ids
+    engine.controller = _NeverDrafts()
+    out = engine.generate(prompt, params, SpecConfig(k="auto"))
+    assert CountingDrafter.prepared == 0 and out.stats.drafted_tokens == 0
+    assert out.token_ids == expected
+    engine.controller = None  # a fresh adaptive controller drafts at first: it prepares
+    assert engine.generate(prompt, params, SpecConfig(k="auto")).token_ids == expected
+    assert CountingDrafter.prepared == 1

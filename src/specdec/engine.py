@@ -150,7 +150,10 @@ class _Run:
         let the drafter fill its own cache. Timed as prefill, not as decode-phase costs."""
         if sync_cache(self.target, self.context[:-1]):
             self.stats.target_forwards += 1
-        if self.drafter is not None and self.k != 0:
+        drafting = self.controller.choose_k() > 0 if self.controller is not None else self.k != 0
+        if self.drafter is not None and drafting:
+            # A controller that has learned not to draft skips the draft's prefill; should it
+            # draft later, the drafter catches up on the context in its first proposal.
             self.drafter.prepare(self.context)
 
     def _round(self) -> Chunk:
