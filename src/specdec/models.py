@@ -226,10 +226,11 @@ def _assemble(entry: CatalogEntry, target: Path, progress: Progress) -> Path:
 
 # ---- other GGUF types, made with llama.cpp's own quantizer ---------------------------
 
-# The catalog's files are Q4_K_M. llama.cpp runs batches of K-quant rows through a per-row
-# dot product, so an n-token verify pass costs nearly n steps; these types have tiled batch
-# kernels. Requantizing dequantizes each tensor to float32 first: nothing finer than the
-# Q4_K_M source comes back, but nothing more is lost for q8_0, f16 and bf16.
+# The catalog's files are Q4_K_M, whose multi-token passes cost nearly a step per token in
+# llama.cpp. Other types use other kernels; which pays is measured, not assumed (on the AVX2
+# machine of docs/runtime-search.md only f16 gave a cheap 5-token pass, at a slower step, and
+# q4_0 the cheapest draft step). Requantizing dequantizes each tensor to float32 first:
+# nothing finer than the Q4_K_M source comes back, but nothing more is lost for q8_0, f16, bf16.
 GGUF_TYPES = {"q4_k_m": None, "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
               "f16": "LLAMA_FTYPE_MOSTLY_F16", "bf16": "LLAMA_FTYPE_MOSTLY_BF16"}
 

@@ -20,6 +20,7 @@ from specdec.backends.base import Backend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import ModelDrafter
 from specdec.engine import Engine
+from specdec.metrics import SpecStats
 from specdec.theory import expected_tokens_per_round, expected_tokens_per_round_by_position
 
 
@@ -67,7 +68,7 @@ def measure_costs(target: Backend, draft: Backend, context: list[int], max_n: in
 class _Sample:
     repeat: int
     prompt: int
-    stats: object  # SpecStats
+    stats: SpecStats
 
     @property
     def decode_seconds(self) -> float:
@@ -111,8 +112,8 @@ def tune(target: Backend, draft: Backend, prompts: list[list[int]], params: Samp
     the draft's seconds per token d and the engine's overhead per round o (all k).
     """
     costs = measure_costs(target, draft, prompts[0], max_k + 1)
-    engines = {0: Engine(target)} | {k: Engine(target, ModelDrafter(draft)) for k in range(1, max_k + 1)}
-    ks = list(engines)
+    plain_engine, speculative_engine = Engine(target), Engine(target, ModelDrafter(draft))
+    ks = list(range(max_k + 1))  # 0: plain decoding
     samples: dict[int, list[_Sample]] = {k: [] for k in ks}
     total, done = repeats * len(prompts) * len(ks), 0
     for repeat in range(repeats):
@@ -120,7 +121,7 @@ def tune(target: Backend, draft: Backend, prompts: list[list[int]], params: Samp
         for index, prompt in enumerate(prompts):
             for k in order:
                 target.truncate(0)
-                out = engines[k].generate(prompt, params, SpecConfig(k=k))
+                out = (speculative_engine if k else plain_engine).generate(prompt, params, SpecConfig(k=k))
                 samples[k].append(_Sample(repeat, index, out.stats))
                 done += 1
                 progress("decoding: plain and every k, interleaved", done, total)

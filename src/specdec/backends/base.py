@@ -1,7 +1,8 @@
 """The backend protocol: a model plus its KV cache over ONE growing token sequence.
 
 ``forward(token_ids)`` appends tokens to the cache and returns logits for every new
-position (or only the last, with ``last_only``); ``truncate(n)`` keeps the first n cached positions and is the only rollback.
+position (or only the last, with ``last_only``); ``truncate(n)`` keeps the first n cached
+positions and is the only rollback.
 The backend remembers which tokens its cache holds (``cached_token_ids``), so callers can
 reuse a shared prefix instead of re-running it.
 """

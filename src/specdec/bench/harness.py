@@ -118,12 +118,12 @@ def summarize(runs: list[Run], baseline: str = "plain") -> list[dict]:
         drafted = sum(s["drafted_tokens"] for s in stats)
         rounds = sum(s["rounds"] for s in stats)
         identical = [r.identical_to_reference for r in mine if r.identical_to_reference is not None]
+        ms_per_token = [1000 * r.seconds / r.generated_tokens for r in mine if r.generated_tokens]
         rows.append({
             "workload": workload, "system": system, "runs": len(mine), "reference": mine[0].reference,
             "tokens_per_second": statistics.median(tps), "tokens_per_second_min": min(tps),
             "tokens_per_second_max": max(tps),
-            "ms_per_token": statistics.median(1000 * r.seconds / r.generated_tokens for r in mine
-                                              if r.generated_tokens) if any(r.generated_tokens for r in mine) else None,
+            "ms_per_token": statistics.median(ms_per_token) if ms_per_token else None,
             "speedup": statistics.median(ratios) if ratios else None,
             "speedup_min": min(ratios) if ratios else None, "speedup_max": max(ratios) if ratios else None,
             "acceptance_rate": sum(s["accepted_tokens"] for s in stats) / drafted if drafted else None,
