@@ -32,5 +32,7 @@ def measure(context_tokens: int, steps: int = 300, vocab: int = 5000) -> tuple[f
 if __name__ == "__main__":
     for n in (1_000, 8_000, 32_000):
         first, per_step = measure(n)
-        print(f"{n:6d} tokens: first proposal (builds the index) {first * 1e3:7.2f} ms, "
-              f"then {per_step * 1e6:6.1f} µs per proposal (median of 300)")
+        print(
+            f"{n:6d} tokens: first proposal (builds the index) {first * 1e3:7.2f} ms, "
+            f"then {per_step * 1e6:6.1f} µs per proposal (median of 300)"
+        )

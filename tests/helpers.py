@@ -26,12 +26,16 @@ def assert_same_distribution(counts: np.ndarray, expected_probs: np.ndarray) -> 
     expected_probs = np.asarray(expected_probs, dtype=float)
     expected_probs = expected_probs / expected_probs.sum()
     impossible = expected_probs == 0
-    assert counts[impossible].sum() == 0, f"sampled impossible tokens: {np.nonzero(counts * impossible)}"
+    assert counts[impossible].sum() == 0, (
+        f"sampled impossible tokens: {np.nonzero(counts * impossible)}"
+    )
     expected = expected_probs * counts.sum()
     small = (expected < 5) & ~impossible
     big = ~small & ~impossible
     observed_cells = list(counts[big]) + ([counts[small].sum()] if small.any() else [])
     expected_cells = list(expected[big]) + ([expected[small].sum()] if small.any() else [])
     p_value = float(scipy_stats.chisquare(observed_cells, expected_cells).pvalue)
-    assert p_value > SIGNIFICANCE, f"distribution differs from the target (chi-square p = {p_value:.2e})"
+    assert p_value > SIGNIFICANCE, (
+        f"distribution differs from the target (chi-square p = {p_value:.2e})"
+    )
     return p_value

@@ -18,9 +18,23 @@ def test_workloads_ship_eight_prompts_each():
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    assert main(["bench", "--quick", "--repeats", "2", "--workloads", "code,edit",
-                 "--systems", "plain,model-k4,lookup-k4,model-auto,hf-generate,hf-assisted",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--quick",
+                "--repeats",
+                "2",
+                "--workloads",
+                "code,edit",
+                "--systems",
+                "plain,model-k4,lookup-k4,model-auto,hf-generate,hf-assisted",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -44,7 +58,9 @@ def test_summary_rows_and_exactness(report):
             # int8 is batch-invariant: specdec's greedy output equals plain, every time.
             assert row["identical"] == 1.0
     model_rows = [row for row in rows if row["system"] == "model-k4"]
-    assert all(0 <= row["acceptance_rate"] <= 1 and row["mean_accepted_length"] >= 1 for row in model_rows)
+    assert all(
+        0 <= row["acceptance_rate"] <= 1 and row["mean_accepted_length"] >= 1 for row in model_rows
+    )
     assert result["theory"], "fixed-k runs give measured-vs-predicted points"
     passes = [run["repeat"] for run in result["runs"]]
     assert sorted(set(passes)) == [0, 1]
@@ -68,11 +84,16 @@ def test_system_names_parse_drafter_k_and_runtime():
     assert make_system("lookup+model-auto", pool).spec.k == "auto"
     assert describe("lookup-k2") == "specdec, prompt lookup, k=2 [int8]"
     mixed = make_system("model-auto@int8/q4_0", pool)
-    assert mixed.runtime == Runtime("int8", "q4_0") and mixed.needs == {("target", "int8"), ("draft", "q4_0")}
+    assert mixed.runtime == Runtime("int8", "q4_0") and mixed.needs == {
+        ("target", "int8"),
+        ("draft", "q4_0"),
+    }
     assert make_system("lookup-k4@q8_0", pool).needs == {("target", "q8_0")}
     assert make_system("llamacpp", pool).runtime == Runtime("q4_k_m", "q4_k_m")
     assert make_system("hf-assisted", pool, default_runtime="bfloat16").needs == {
-        ("target", "bfloat16"), ("draft", "bfloat16")}
+        ("target", "bfloat16"),
+        ("draft", "bfloat16"),
+    }
     names = ["plain", "plain@q4_0", "model-k4@q4_0", "model-k4", "llamacpp"]
     assert reference_of("model-k4@q4_0", names, "int8") == "plain@q4_0"
     assert reference_of("model-k4", names, "int8") == "plain"
@@ -92,8 +113,23 @@ def test_system_names_parse_drafter_k_and_runtime():
 def test_systems_on_other_runtimes_are_judged_by_their_own_plain(tmp_path):
     """float32 systems beside an int8 baseline: ratios against plain (int8), token identity
     against plain@float32, and the theory plot's c and v against that run's step."""
-    assert main(["bench", "--quick", "--repeats", "1", "--workloads", "code",
-                 "--systems", "plain,plain@float32,model-k2@float32,model-k2", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--quick",
+                "--repeats",
+                "1",
+                "--workloads",
+                "code",
+                "--systems",
+                "plain,plain@float32,model-k2@float32,model-k2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     result = json.loads((tmp_path / "results.json").read_text())
     rows = {row["system"]: row for row in result["summary"]}
     assert rows["model-k2@float32"]["reference"] == "plain@float32"

@@ -19,7 +19,9 @@ def model_dirs(tmp_path_factory, target_model, draft_model, tokenizer):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True
+    )
 
 
 def exit_code(args) -> int:
@@ -32,47 +34,114 @@ def exit_code(args) -> int:
 
 def test_generate_json(model_dirs, capsys):
     target, draft = model_dirs
-    code = main(["generate", "hello", "--target", str(target), "--draft", str(draft), "-k", "3",
-                 "--max-tokens", "20", "--dtype", "float32", "--json"])
+    code = main(
+        [
+            "generate",
+            "hello",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "-k",
+            "3",
+            "--max-tokens",
+            "20",
+            "--dtype",
+            "float32",
+            "--json",
+        ]
+    )
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"text", "token_ids", "finish_reason", "stats"}
     assert len(result["token_ids"]) <= 20
-    for field in ("drafted_tokens", "accepted_tokens", "rounds", "target_forwards", "acceptance_rate",
-                  "mean_accepted_length", "per_position_acceptance", "drafter_seconds",
-                  "target_seconds", "overhead_seconds", "tokens_per_second"):
+    for field in (
+        "drafted_tokens",
+        "accepted_tokens",
+        "rounds",
+        "target_forwards",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "per_position_acceptance",
+        "drafter_seconds",
+        "target_seconds",
+        "overhead_seconds",
+        "tokens_per_second",
+    ):
         assert field in result["stats"]
-    plain = main(["generate", "hello", "--target", str(target), "--drafter", "none",
-                  "--max-tokens", "20", "--dtype", "float32", "--json"])
+    plain = main(
+        [
+            "generate",
+            "hello",
+            "--target",
+            str(target),
+            "--drafter",
+            "none",
+            "--max-tokens",
+            "20",
+            "--dtype",
+            "float32",
+            "--json",
+        ]
+    )
     assert plain == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == result["token_ids"]
 
 
 def test_generate_streams_text_and_a_summary(model_dirs):
     target, draft = model_dirs
-    done = run_cli("generate", "hello", "--target", str(target), "--draft", str(draft),
-                   "--max-tokens", "12", "--temperature", "0.8", "--top-p", "0.9")
+    done = run_cli(
+        "generate",
+        "hello",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+    )
     assert done.returncode == 0, done.stderr
     assert "tok/s" in done.stderr and "acceptance" in done.stderr
 
 
 def test_show_drafts_colours(model_dirs, capsys):
     target, draft = model_dirs
-    assert main(["generate", "hello", "--target", str(target), "--draft", str(draft),
-                 "--max-tokens", "12", "--show-drafts"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "hello",
+                "--target",
+                str(target),
+                "--draft",
+                str(draft),
+                "--max-tokens",
+                "12",
+                "--show-drafts",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.strip()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--temperature", "-1"], "temperature"),
-    (["--top-p", "2"], "top_p"),
-    (["-k", "-2"], "k must be"),
-    (["--max-tokens", "0"], "max_tokens"),
-    (["--dtype", "float8"], "invalid choice"),
-    (["--top-k", "-1"], "top_k"),
-    (["--drafter", "magic"], "use none or"),
-    (["--drafter", "ngram"], "--ngram-model"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "2"], "top_p"),
+        (["-k", "-2"], "k must be"),
+        (["--max-tokens", "0"], "max_tokens"),
+        (["--dtype", "float8"], "invalid choice"),
+        (["--top-k", "-1"], "top_k"),
+        (["--drafter", "magic"], "use none or"),
+        (["--drafter", "ngram"], "--ngram-model"),
+    ],
+)
 def test_bad_arguments_give_one_line_and_exit_2(model_dirs, args, message, capsys):
     target, _ = model_dirs
     assert exit_code(["generate", "hello", "--target", str(target), *args]) == 2
@@ -88,11 +157,17 @@ def test_missing_model_directory(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("prompt, is_code", [
-    ("def quicksort(arr):", True), ("import os\n", True), ("# sort a list\n", True),
-    ("for x in range(3):", True), ("Explain recursion to a child.", False),
-    ("What is the capital of France?", False),
-])
+@pytest.mark.parametrize(
+    "prompt, is_code",
+    [
+        ("def quicksort(arr):", True),
+        ("import os\n", True),
+        ("# sort a list\n", True),
+        ("for x in range(3):", True),
+        ("Explain recursion to a child.", False),
+        ("What is the capital of France?", False),
+    ],
+)
 def test_code_looking_prompts_are_completed_raw(prompt, is_code):
     from specdec.prompting import looks_like_code
 
@@ -102,7 +177,11 @@ def test_code_looking_prompts_are_completed_raw(prompt, is_code):
 def test_models_lists_the_catalog(capsys, tmp_path):
     assert main(["models", "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for name in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"):
+    for name in (
+        "qwen2.5-coder-1.5b-instruct",
+        "qwen2.5-coder-0.5b-instruct",
+        "smollm2-135m-instruct",
+    ):
         assert name in out
 
 
@@ -116,14 +195,47 @@ def test_lookup_and_ngram_drafters_from_the_cli(model_dirs, tmp_path, capsys):
     target, draft = model_dirs
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("hello world. hello there. hello world!\n" * 5)
-    assert main(["ngram", "build", str(corpus), "--tokenizer", str(target), "--order", "3",
-                 "-o", str(tmp_path / "ngram.json")]) == 0
+    assert (
+        main(
+            [
+                "ngram",
+                "build",
+                str(corpus),
+                "--tokenizer",
+                str(target),
+                "--order",
+                "3",
+                "-o",
+                str(tmp_path / "ngram.json"),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     plain = None
     for drafter in ("none", "lookup", "ngram", "lookup+model", "lookup+ngram"):
-        assert main(["generate", "hello world. hello", "--target", str(target), "--draft", str(draft),
-                     "--drafter", drafter, "--ngram-model", str(tmp_path / "ngram.json"),
-                     "--dtype", "float32", "--max-tokens", "24", "--json"]) == 0
+        assert (
+            main(
+                [
+                    "generate",
+                    "hello world. hello",
+                    "--target",
+                    str(target),
+                    "--draft",
+                    str(draft),
+                    "--drafter",
+                    drafter,
+                    "--ngram-model",
+                    str(tmp_path / "ngram.json"),
+                    "--dtype",
+                    "float32",
+                    "--max-tokens",
+                    "24",
+                    "--json",
+                ]
+            )
+            == 0
+        )
         result = json.loads(capsys.readouterr().out)
         plain = plain or result["token_ids"]
         assert result["token_ids"] == plain, drafter
@@ -132,7 +244,10 @@ def test_lookup_and_ngram_drafters_from_the_cli(model_dirs, tmp_path, capsys):
 
 
 def test_ngram_build_bad_input(capsys, tmp_path):
-    assert exit_code(["ngram", "build", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "x.json")]) == 2
+    assert (
+        exit_code(["ngram", "build", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "x.json")])
+        == 2
+    )
     assert "not a file" in capsys.readouterr().err
 
 
@@ -153,15 +268,32 @@ def test_a_pair_with_different_tokenizers_is_refused(model_dirs, tmp_path, capsy
     tokenizer = Tokenizer(models.BPE(vocab=rotated, merges=[], unk_token=None))
     tokenizer.decoder = decoders.Fuse()
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>").save_pretrained(other)
-    code = main(["generate", "hello", "--target", str(target), "--draft", str(other), "--dtype", "float32",
-                 "--max-tokens", "4"])
+    code = main(
+        [
+            "generate",
+            "hello",
+            "--target",
+            str(target),
+            "--draft",
+            str(other),
+            "--dtype",
+            "float32",
+            "--max-tokens",
+            "4",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "the tokenizers differ" in err, err
 
 
 def test_cost_curve_command(model_dirs, capsys):
     target, _ = model_dirs
-    assert main(["cost", "--model", str(target), "--dtype", "float32", "--max-n", "4", "--repeats", "2"]) == 0
+    assert (
+        main(
+            ["cost", "--model", str(target), "--dtype", "float32", "--max-n", "4", "--repeats", "2"]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert "1-token step" in lines[0]
     rows = [line.split() for line in lines[2:]]
@@ -173,9 +305,30 @@ def test_tune_command_prints_table_and_saves_plot(model_dirs, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello world\nthe cat sat on\n")
     out = tmp_path / "tune"
-    assert main(["tune", "--target", str(target), "--draft", str(draft), "--dtype", "float32",
-                 "--prompts", str(prompts), "--max-k", "3", "--max-tokens", "8", "--repeats", "2",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "--target",
+                str(target),
+                "--draft",
+                str(draft),
+                "--dtype",
+                "float32",
+                "--prompts",
+                str(prompts),
+                "--max-k",
+                "3",
+                "--max-tokens",
+                "8",
+                "--repeats",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "predicted vs measured" in printed and "recommended k" in printed
     saved = json.loads((out / "tune.json").read_text())
@@ -190,6 +343,10 @@ def test_draft_runtime_auto_prefers_llamacpp_for_catalog_drafts_when_installed()
     from specdec.cli import draft_runtime
 
     installed = importlib.util.find_spec("llama_cpp") is not None
-    assert draft_runtime("auto", "qwen2.5-coder-0.5b-instruct") == ("llamacpp" if installed else "transformers")
-    assert draft_runtime("auto", "/models/my-draft") == "transformers"  # a directory: transformers only
+    assert draft_runtime("auto", "qwen2.5-coder-0.5b-instruct") == (
+        "llamacpp" if installed else "transformers"
+    )
+    assert (
+        draft_runtime("auto", "/models/my-draft") == "transformers"
+    )  # a directory: transformers only
     assert draft_runtime("transformers", "qwen2.5-coder-0.5b-instruct") == "transformers"

@@ -1,4 +1,5 @@
-"""Adaptive k: the cost model's decisions on hand-set estimates, and exactness through the engine."""
+"""Adaptive k: the cost model's decisions on hand-set estimates, and exactness through the
+engine."""
 
 from dataclasses import replace
 
@@ -12,7 +13,9 @@ from specdec.drafters import ModelDrafter
 from specdec.theory import optimal_k
 
 
-def trained(acceptance: float, draft_step: float, pass_seconds: dict[int, float], max_k=8) -> AdaptiveK:
+def trained(
+    acceptance: float, draft_step: float, pass_seconds: dict[int, float], max_k=8
+) -> AdaptiveK:
     controller = AdaptiveK(max_k=max_k)
     controller.position_counts = [[acceptance * 1000, 1000.0] for _ in range(max_k)]
     controller.draft_step_seconds = draft_step
@@ -29,7 +32,9 @@ def test_explores_again_after_rounds_without_drafting():
     controller.position_counts = [[0.0, 30.0] for _ in range(8)]  # everything rejected lately
     assert controller.choose_k() == 0
     for _ in range(40):
-        controller.observe(k=0, num_accepted=0, confidences=None, draft_seconds=0.0, pass_seconds=1.0)
+        controller.observe(
+            k=0, num_accepted=0, confidences=None, draft_seconds=0.0, pass_seconds=1.0
+        )
     assert controller.choose_k() > 0
 
 
@@ -60,12 +65,21 @@ def test_pass_time_is_interpolated_from_measured_sizes():
 def test_observe_learns_acceptance_and_costs():
     controller = AdaptiveK(max_k=4, decay=0.9)
     for _ in range(60):
-        controller.observe(k=4, num_accepted=1, confidences=[0.95, 0.95, 0.95, 0.95],
-                           draft_seconds=0.4, pass_seconds=2.0)
+        controller.observe(
+            k=4,
+            num_accepted=1,
+            confidences=[0.95, 0.95, 0.95, 0.95],
+            draft_seconds=0.4,
+            pass_seconds=2.0,
+        )
     assert controller.draft_step_seconds == pytest.approx(0.1)
     assert controller.pass_seconds[5] == pytest.approx(2.0)
-    assert controller.position_counts[0][0] / controller.position_counts[0][1] == pytest.approx(1.0, abs=0.01)
-    assert controller.position_counts[1][0] / controller.position_counts[1][1] == pytest.approx(0.0, abs=0.01)
+    assert controller.position_counts[0][0] / controller.position_counts[0][1] == pytest.approx(
+        1.0, abs=0.01
+    )
+    assert controller.position_counts[1][0] / controller.position_counts[1][1] == pytest.approx(
+        0.0, abs=0.01
+    )
     assert controller.choose_k() == 1
 
 
@@ -98,7 +112,7 @@ def test_auto_k_sampling_is_exact(pair):
         counts[out.token_ids[1]] += 1
     from test_engine_statistical import PROMPT, second_token_marginal
 
-    assert PROMPT == prompt
+    assert prompt == PROMPT
     assert_same_distribution(counts, second_token_marginal(target, params))
 
 

@@ -1,4 +1,5 @@
-"""Prompt lookup, n-gram and fallback drafters: hand-built contexts, exactness through the engine."""
+"""Prompt lookup, n-gram and fallback drafters: hand-built contexts, exactness through the
+engine."""
 
 from dataclasses import replace
 
@@ -10,7 +11,13 @@ from hypothesis import strategies as st
 
 from helpers import VOCAB, assert_same_distribution, backend, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.drafters import FallbackDrafter, ModelDrafter, NGramDrafter, NGramModel, PromptLookupDrafter
+from specdec.drafters import (
+    FallbackDrafter,
+    ModelDrafter,
+    NGramDrafter,
+    NGramModel,
+    PromptLookupDrafter,
+)
 from specdec.sampling import Sampler
 
 
@@ -37,7 +44,9 @@ class TestPromptLookup:
         assert PromptLookupDrafter(max_ngram=2).propose([1, 2, 3, 1, 2], k=5).token_ids == [3, 1, 2]
 
     def test_min_ngram_refuses_short_matches(self):
-        assert PromptLookupDrafter(max_ngram=3, min_ngram=2).propose([5, 1, 2, 5], k=2).token_ids == []
+        assert (
+            PromptLookupDrafter(max_ngram=3, min_ngram=2).propose([5, 1, 2, 5], k=2).token_ids == []
+        )
 
     def test_continuation_may_contain_eos(self, target_model):
         # The engine, not the drafter, ends output at EOS; the drafter copies whatever followed.
@@ -54,7 +63,10 @@ class TestPromptLookup:
             PromptLookupDrafter(max_ngram=1, min_ngram=2)
 
     @settings(max_examples=150, deadline=None)
-    @given(st.lists(st.integers(0, 4), min_size=1, max_size=60), st.lists(st.integers(1, 5), max_size=8))
+    @given(
+        st.lists(st.integers(0, 4), min_size=1, max_size=60),
+        st.lists(st.integers(1, 5), max_size=8),
+    )
     def test_incremental_index_equals_brute_force(self, tokens, cuts):
         """Fed a growing context, the indexed drafter proposes what a full scan would."""
         drafter = PromptLookupDrafter(max_ngram=3, min_ngram=1)
@@ -106,9 +118,11 @@ class TestNGram:
 
     def test_sampled_drafts_carry_the_distribution_they_came_from(self):
         drafter = NGramDrafter(NGramModel.build(self.CORPUS, order=3, vocab_size=8))
-        proposal = drafter.propose([1, 2], k=2, sampler=Sampler(SamplingParams(temperature=1.0, seed=0)))
+        proposal = drafter.propose(
+            [1, 2], k=2, sampler=Sampler(SamplingParams(temperature=1.0, seed=0))
+        )
         assert proposal.draft_probs.shape == (2, 8)
-        for token, row in zip(proposal.token_ids, proposal.draft_probs):
+        for token, row in zip(proposal.token_ids, proposal.draft_probs, strict=True):
             assert row[token] > 0 and torch.isclose(row.sum(), torch.tensor(1.0))
 
 
@@ -133,7 +147,9 @@ def drafter_kinds(target_model, draft_model):
     return {
         "lookup": lambda: PromptLookupDrafter(),
         "ngram": lambda: NGramDrafter(ngram),
-        "lookup+model": lambda: FallbackDrafter([PromptLookupDrafter(), ModelDrafter(backend(draft_model))]),
+        "lookup+model": lambda: FallbackDrafter(
+            [PromptLookupDrafter(), ModelDrafter(backend(draft_model))]
+        ),
     }
 
 
@@ -142,14 +158,17 @@ def drafter_kinds(target_model, draft_model):
 def test_greedy_equals_plain_for_each_drafter(target_model, drafter_kinds, kind, k):
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     expected = Engine(backend(target_model)).generate(REPETITIVE_PROMPT, params)
-    out = Engine(backend(target_model), drafter_kinds[kind]()).generate(REPETITIVE_PROMPT, params, SpecConfig(k=k))
+    out = Engine(backend(target_model), drafter_kinds[kind]()).generate(
+        REPETITIVE_PROMPT, params, SpecConfig(k=k)
+    )
     assert out.token_ids == expected.token_ids
 
 
 def test_stats_name_the_drafter_of_each_round(target_model, drafter_kinds):
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     out = Engine(backend(target_model), drafter_kinds["lookup+model"]()).generate(
-        REPETITIVE_PROMPT, params, SpecConfig(k=4))
+        REPETITIVE_PROMPT, params, SpecConfig(k=4)
+    )
     by_drafter = out.stats.to_dict()["by_drafter"]
     assert set(by_drafter) <= {"lookup", "model"} and by_drafter
     assert sum(d["drafted"] for d in by_drafter.values()) == out.stats.drafted_tokens
@@ -165,7 +184,9 @@ def second_token_marginal(model, params):
 
     with torch.inference_mode():
         first = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1], params)
-        second = logits_to_probs(model(torch.tensor([PROMPT + [x] for x in range(VOCAB)])).logits[:, -1], params)
+        second = logits_to_probs(
+            model(torch.tensor([PROMPT + [x] for x in range(VOCAB)])).logits[:, -1], params
+        )
     return (first @ second).numpy()
 
 

@@ -77,8 +77,11 @@ def test_same_seed_same_output(engine, tokenizer):
     params = SamplingParams(max_tokens=30, temperature=0.9, top_k=10, seed=1234, ignore_eos=True)
     first = engine.generate(tokenizer.encode("seed"), params, SpecConfig(k=4))
     second = engine.generate(tokenizer.encode("seed"), params, SpecConfig(k=4))
-    other = engine.generate(tokenizer.encode("seed"), SamplingParams(
-        max_tokens=30, temperature=0.9, top_k=10, seed=4321, ignore_eos=True), SpecConfig(k=4))
+    other = engine.generate(
+        tokenizer.encode("seed"),
+        SamplingParams(max_tokens=30, temperature=0.9, top_k=10, seed=4321, ignore_eos=True),
+        SpecConfig(k=4),
+    )
     assert first.token_ids == second.token_ids
     assert first.token_ids != other.token_ids
 
@@ -116,20 +119,31 @@ class TestBadInput:
         with pytest.raises(ValueError, match="context"):
             engine.generate([1] * 300, GREEDY)
 
-    @pytest.mark.parametrize("kwargs, name", [
-        ({"k": -1}, "k"), ({"k": 1.5}, "k"),
-    ])
+    @pytest.mark.parametrize(
+        "kwargs, name",
+        [
+            ({"k": -1}, "k"),
+            ({"k": 1.5}, "k"),
+        ],
+    )
     def test_spec_config(self, kwargs, name):
         with pytest.raises(ValueError, match=name):
             SpecConfig(**kwargs)
 
-    @pytest.mark.parametrize("kwargs, name", [
-        ({"temperature": -0.1}, "temperature"),
-        ({"temperature": float("nan")}, "temperature"),
-        ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
-        ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": -3}, "max_tokens"),
-        ({"top_k": -1}, "top_k"), ({"seed": "x"}, "seed"), ({"stop": [""]}, "stop"),
-    ])
+    @pytest.mark.parametrize(
+        "kwargs, name",
+        [
+            ({"temperature": -0.1}, "temperature"),
+            ({"temperature": float("nan")}, "temperature"),
+            ({"top_p": 0.0}, "top_p"),
+            ({"top_p": 1.5}, "top_p"),
+            ({"max_tokens": 0}, "max_tokens"),
+            ({"max_tokens": -3}, "max_tokens"),
+            ({"top_k": -1}, "top_k"),
+            ({"seed": "x"}, "seed"),
+            ({"stop": [""]}, "stop"),
+        ],
+    )
     def test_sampling_params(self, kwargs, name):
         with pytest.raises(ValueError, match=name):
             SamplingParams(**kwargs)

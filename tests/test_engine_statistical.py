@@ -38,7 +38,9 @@ def pair():
 
 SETTINGS = {
     "temperature 1": SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True),
-    "temperature 0.8 top-p 0.9": SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3, ignore_eos=True),
+    "temperature 0.8 top-p 0.9": SamplingParams(
+        temperature=0.8, top_p=0.9, max_tokens=3, ignore_eos=True
+    ),
 }
 
 

@@ -59,6 +59,8 @@ def test_int8_greedy_speculation_equals_int8_plain(int8_pair, k):
     target, draft = int8_pair
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     expected = Engine(backend(target)).generate([5, 9, 2], params)
-    out = Engine(backend(target), ModelDrafter(backend(draft))).generate([5, 9, 2], params, SpecConfig(k=k))
+    out = Engine(backend(target), ModelDrafter(backend(draft))).generate(
+        [5, 9, 2], params, SpecConfig(k=k)
+    )
     assert out.token_ids == expected.token_ids
     assert out.stats.accepted_tokens > 0

@@ -42,7 +42,9 @@ def test_block_logits_match_steps_and_last_only(model):
     model.forward(tokens[:-3], last_only=True)
     steps = torch.cat([model.forward([t]) for t in tokens[-3:]])
     assert torch.equal(block[-3:].argmax(-1), steps.argmax(-1))
-    assert torch.allclose(block[-3:], steps, atol=0.5), "same positions, same model: near-equal logits"
+    assert torch.allclose(block[-3:], steps, atol=0.5), (
+        "same positions, same model: near-equal logits"
+    )
     model.truncate(0)
     last = model.forward(tokens, last_only=True)
     assert last.shape == (1, model.vocab_size)
@@ -65,7 +67,9 @@ def test_truncate_rolls_the_kv_cache_back(model):
 def test_tokenizer_round_trip_and_chat_template(model):
     text = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)"
     assert model.tokenizer.decode(ids(model, text)) == text
-    prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    prompt = model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False
+    )
     assert "<|im_start|>user\nhi<|im_end|>" in prompt and prompt.endswith("<|im_start|>assistant\n")
     assert model.eos_token_ids >= {model.tokenizer.encode("<|im_end|>")[0]}
 
@@ -79,7 +83,9 @@ def test_mixed_pair_passes_the_vocabulary_check_and_decodes():
     params = SamplingParams(max_tokens=24, temperature=0.0)
     plain = Engine(target).generate(prompt, params, SpecConfig(k=0))
     mixed = Engine(target, ModelDrafter(draft)).generate(prompt, params, SpecConfig(k=4))
-    assert mixed.token_ids == plain.token_ids, "a float32 transformers target: exact whatever drafts"
+    assert mixed.token_ids == plain.token_ids, (
+        "a float32 transformers target: exact whatever drafts"
+    )
     # the same weights quantized: the llama.cpp draft agrees with the float32 target mostly
     assert mixed.stats.acceptance_rate > 0.5
 

@@ -21,7 +21,11 @@ def test_round_bookkeeping():
 
 def test_empty_stats_are_zero_not_nan():
     stats = SpecStats()
-    assert stats.acceptance_rate == 0 and stats.mean_accepted_length == 0 and stats.tokens_per_second == 0
+    assert (
+        stats.acceptance_rate == 0
+        and stats.mean_accepted_length == 0
+        and stats.tokens_per_second == 0
+    )
 
 
 def test_expected_tokens_seed_numbers():

@@ -36,9 +36,13 @@ def fake_parts(tmp_path, monkeypatch):
 def entry(sha256=None, parts=3):
     blob = b"".join(PIECES[:parts])
     return CatalogEntry(
-        name="fake-model", description="test", tokenizer_family="fake", eos_tokens=(),
+        name="fake-model",
+        description="test",
+        tokenizer_family="fake",
+        eos_tokens=(),
         parts=tuple(WeightPart(f"fakepart{i}", "1.0", f"fakepart{i}") for i in range(1, parts + 1)),
-        size=len(blob), sha256=sha256 or hashlib.sha256(blob).hexdigest(),
+        size=len(blob),
+        sha256=sha256 or hashlib.sha256(blob).hexdigest(),
     )
 
 
@@ -137,8 +141,11 @@ def test_status_reports_install_and_cache(fake_parts, fake_convert, tmp_path):
 
 
 def test_catalog_entries_are_complete():
-    assert set(models.CATALOG) == {"qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct",
-                                   "smollm2-135m-instruct"}
+    assert set(models.CATALOG) == {
+        "qwen2.5-coder-1.5b-instruct",
+        "qwen2.5-coder-0.5b-instruct",
+        "smollm2-135m-instruct",
+    }
     for catalog_entry in models.CATALOG.values():
         assert len(catalog_entry.sha256) == 64 and catalog_entry.size > 0
         assert all("==" in part.requirement() for part in catalog_entry.parts)

@@ -16,14 +16,19 @@ pytestmark = pytest.mark.slow
 PROMPTS = {
     "quicksort": "def quicksort(arr):\n",
     "class": "class LinkedList:\n    def __init__(self):\n",
-    "parse": "import json\n\ndef load_config(path):\n    \"\"\"Read a JSON config file and return a dict.\"\"\"\n",
+    "parse": (
+        "import json\n\ndef load_config(path):\n"
+        '    """Read a JSON config file and return a dict."""\n'
+    ),
     "prose": "The three most important ideas in computer science are",
 }
 CODE = ("quicksort", "class", "parse")
 
 
 def _installed() -> bool:
-    return all(p.installed() for name in (DEFAULT_TARGET, DEFAULT_DRAFT) for p in CATALOG[name].parts)
+    return all(
+        p.installed() for name in (DEFAULT_TARGET, DEFAULT_DRAFT) for p in CATALOG[name].parts
+    )
 
 
 def load_pair(dtype: str):
@@ -44,7 +49,9 @@ def plain_and_speculative(target, draft) -> dict:
     for name, prompt in PROMPTS.items():
         prompt_ids = target.tokenizer.encode(prompt)
         plain = Engine(target).generate(prompt_ids, params)
-        speculative = Engine(target, ModelDrafter(draft)).generate(prompt_ids, params, SpecConfig(k=4))
+        speculative = Engine(target, ModelDrafter(draft)).generate(
+            prompt_ids, params, SpecConfig(k=4)
+        )
         results[name] = plain, speculative
     return results
 

@@ -26,7 +26,9 @@ def test_top_k_keeps_k_tokens_renormalised():
     assert torch.allclose(probs[0], torch.tensor([2 / 3, 1 / 3, 0, 0]))
 
 
-@pytest.mark.parametrize("top_p, kept", [(0.5, 1), (0.6, 2), (0.75, 2), (0.76, 3), (0.9, 3), (0.91, 4)])
+@pytest.mark.parametrize(
+    "top_p, kept", [(0.5, 1), (0.6, 2), (0.75, 2), (0.76, 3), (0.9, 3), (0.91, 4)]
+)
 def test_top_p_keeps_the_smallest_set_reaching_the_mass(top_p, kept):
     probs = logits_to_probs(LOGITS, SamplingParams(top_p=top_p))
     assert int((probs[0] > 0).sum()) == kept

@@ -33,7 +33,9 @@ class Running:
         self.scheduler.start()
         self.app = create_app(self.scheduler, MODEL, default_k=3)
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.time() + 20
@@ -78,7 +80,9 @@ def alone(models, prompt: str, max_tokens: int, k, seed=None, temperature=0.0, s
 
 def post(server, path, body: bytes | dict):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(server.url + path, data=data, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        server.url + path, data=data, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())
@@ -87,7 +91,9 @@ def post(server, path, body: bytes | dict):
 
 
 def test_completion_equals_the_engine_alone(client, models):
-    result = client.completions.create(model=MODEL, prompt="hello world", max_tokens=20, temperature=0)
+    result = client.completions.create(
+        model=MODEL, prompt="hello world", max_tokens=20, temperature=0
+    )
     expected = alone(models, "hello world", 20, k=3)
     assert result.choices[0].text == expected.text
     assert result.choices[0].finish_reason in ("stop", "length")
@@ -99,7 +105,11 @@ def test_completion_equals_the_engine_alone(client, models):
 
 def test_streamed_completion_equals_the_whole(client):
     whole = client.completions.create(model=MODEL, prompt="stream", max_tokens=24, temperature=0)
-    pieces = list(client.completions.create(model=MODEL, prompt="stream", max_tokens=24, temperature=0, stream=True))
+    pieces = list(
+        client.completions.create(
+            model=MODEL, prompt="stream", max_tokens=24, temperature=0, stream=True
+        )
+    )
     assert "".join(p.choices[0].text for p in pieces) == whole.choices[0].text
     assert pieces[-1].choices[0].finish_reason in ("stop", "length")
     assert pieces[-1].usage.completion_tokens == whole.usage.completion_tokens
@@ -107,20 +117,34 @@ def test_streamed_completion_equals_the_whole(client):
 
 def test_chat_completion_streaming_and_not(client):
     messages = [{"role": "user", "content": "say hi"}]
-    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+    whole = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16, temperature=0
+    )
     assert whole.choices[0].message.role == "assistant"
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16,
-                                                 temperature=0, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=16, temperature=0, stream=True
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks)
+        == whole.choices[0].message.content
+    )
 
 
 def test_speculation_fields_per_request(client, models):
     for drafter, k in (("none", 0), ("lookup", 2), ("lookup+model", "auto"), ("model", 5)):
         result = client.completions.create(
-            model=MODEL, prompt="abcabcabc", max_tokens=15, temperature=0,
-            extra_body={"drafter": drafter, "num_speculative_tokens": k})
-        assert result.choices[0].text == alone(models, "abcabcabc", 15, k=3).text  # greedy: same text
+            model=MODEL,
+            prompt="abcabcabc",
+            max_tokens=15,
+            temperature=0,
+            extra_body={"drafter": drafter, "num_speculative_tokens": k},
+        )
+        assert (
+            result.choices[0].text == alone(models, "abcabcabc", 15, k=3).text
+        )  # greedy: same text
         if drafter == "none" or k == 0:
             assert result.model_extra["spec_stats"]["drafted_tokens"] == 0
 
@@ -131,12 +155,21 @@ def test_sampling_with_seed_and_stop(client, models):
     assert first.choices[0].text == second.choices[0].text
     assert first.choices[0].text == alone(models, "seeded", 20, k=3, seed=7, temperature=0.8).text
     for prompt in ("hello world", "the cat", "abc", "zzz", "quick brown fox"):
-        text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, temperature=0).choices[0].text
+        text = (
+            client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, temperature=0)
+            .choices[0]
+            .text
+        )
         if len(text) >= 8:
             break
     stop = text[5:7]
-    stopped = client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, temperature=0, stop=[stop])
-    assert stopped.choices[0].text == text[: text.index(stop)] and stopped.choices[0].finish_reason == "stop"
+    stopped = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=30, temperature=0, stop=[stop]
+    )
+    assert (
+        stopped.choices[0].text == text[: text.index(stop)]
+        and stopped.choices[0].finish_reason == "stop"
+    )
 
 
 def test_models_health_and_metrics(client, server):
@@ -146,25 +179,35 @@ def test_models_health_and_metrics(client, server):
     client.completions.create(model=MODEL, prompt="metrics", max_tokens=8, temperature=0)
     with urllib.request.urlopen(server.url + "/metrics") as response:
         text = response.read().decode()
-    for name in ("specdec_drafted_tokens_total", "specdec_accepted_tokens_total", "specdec_acceptance_rate",
-                 "specdec_mean_accepted_length_bucket", "specdec_seconds_total{phase=\"drafter\"}",
-                 "specdec_request_latency_seconds_bucket", "specdec_time_to_first_token_seconds_bucket",
-                 "specdec_tokens_per_second_bucket", "specdec_queue_length"):
+    for name in (
+        "specdec_drafted_tokens_total",
+        "specdec_accepted_tokens_total",
+        "specdec_acceptance_rate",
+        "specdec_mean_accepted_length_bucket",
+        'specdec_seconds_total{phase="drafter"}',
+        "specdec_request_latency_seconds_bucket",
+        "specdec_time_to_first_token_seconds_bucket",
+        "specdec_tokens_per_second_bucket",
+        "specdec_queue_length",
+    ):
         assert name in text, name
 
 
-@pytest.mark.parametrize("body, param", [
-    (b"{not json", None),
-    ({"model": "gpt-9", "prompt": "hi"}, "model"),
-    ({"prompt": "hi", "max_tokens": -1}, "max_tokens"),
-    ({"prompt": "hi", "temperature": 3.5}, "temperature"),
-    ({"prompt": "hi", "top_p": 0}, "top_p"),
-    ({"prompt": "hi", "n": 2}, "n"),
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": "a" * 400, "max_tokens": 4}, "prompt"),
-    ({"prompt": "hi", "drafter": "oracle"}, "drafter"),
-    ({"prompt": "hi", "num_speculative_tokens": -3}, "num_speculative_tokens"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (b"{not json", None),
+        ({"model": "gpt-9", "prompt": "hi"}, "model"),
+        ({"prompt": "hi", "max_tokens": -1}, "max_tokens"),
+        ({"prompt": "hi", "temperature": 3.5}, "temperature"),
+        ({"prompt": "hi", "top_p": 0}, "top_p"),
+        ({"prompt": "hi", "n": 2}, "n"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "a" * 400, "max_tokens": 4}, "prompt"),
+        ({"prompt": "hi", "drafter": "oracle"}, "drafter"),
+        ({"prompt": "hi", "num_speculative_tokens": -3}, "num_speculative_tokens"),
+    ],
+)
 def test_bad_input_gives_an_openai_error_and_the_server_keeps_serving(server, body, param):
     status, payload = post(server, "/v1/completions", body)
     assert status == 400, payload
@@ -179,10 +222,18 @@ def test_sixteen_parallel_streams_each_equal_their_request_alone(server, models)
     prompts = [f"parallel {chr(97 + i)} {'x' * i}" for i in range(16)]
 
     def one(i):
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        client = openai.OpenAI(
+            base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120
+        )
         temperature, seed = (0.0, None) if i % 2 == 0 else (0.9, 100 + i)
-        stream = client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=24, stream=True,
-                                           temperature=temperature, seed=seed)
+        stream = client.completions.create(
+            model=MODEL,
+            prompt=prompts[i],
+            max_tokens=24,
+            stream=True,
+            temperature=temperature,
+            seed=seed,
+        )
         return "".join(piece.choices[0].text for piece in stream)
 
     started = time.perf_counter()
@@ -191,7 +242,9 @@ def test_sixteen_parallel_streams_each_equal_their_request_alone(server, models)
     elapsed = time.perf_counter() - started
     for i, text in enumerate(texts):
         temperature, seed = (0.0, None) if i % 2 == 0 else (0.9, 100 + i)
-        assert text == alone(models, prompts[i], 24, k=3, seed=seed, temperature=temperature).text, i
+        assert (
+            text == alone(models, prompts[i], 24, k=3, seed=seed, temperature=temperature).text
+        ), i
     assert elapsed < 120
 
 
@@ -199,7 +252,9 @@ def test_a_full_queue_answers_503_and_a_disconnect_frees_the_slot(models):
     running = Running(*models, max_active=1, max_queue=0)
     try:
         connection = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
-        body = json.dumps({"prompt": "long", "max_tokens": 200, "stream": True, "temperature": 0.9, "seed": 1})
+        body = json.dumps(
+            {"prompt": "long", "max_tokens": 200, "stream": True, "temperature": 0.9, "seed": 1}
+        )
         connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         response = connection.getresponse()
         assert response.status == 200

@@ -36,7 +36,9 @@ def test_tune_measures_every_k(pair, tmp_path):
 
 
 def test_recommend_picks_the_fastest_measured_k_or_none():
-    rows = [TuneRow(k, 1.0, 1.0, measured, 0.8, 2.0) for k, measured in ((1, 1.2), (2, 1.5), (3, 1.4))]
+    rows = [
+        TuneRow(k, 1.0, 1.0, measured, 0.8, 2.0) for k, measured in ((1, 1.2), (2, 1.5), (3, 1.4))
+    ]
     assert recommend(rows) == 2
     assert recommend([TuneRow(1, 1.0, 1.0, 0.9, 0.5, 1.5)]) == 0
 

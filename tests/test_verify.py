@@ -57,9 +57,12 @@ class TestStochastic:
         target = probs([0.5, 0.3, 0.2], [0.7, 0.2, 0.1], [0.1, 0.5, 0.4], [0.3, 0.4, 0.3])
         outcomes = set()
         for seed in range(200):
-            result = verify_stochastic(ids(B, A, C), draft, target, torch.Generator().manual_seed(seed))
+            result = verify_stochastic(
+                ids(B, A, C), draft, target, torch.Generator().manual_seed(seed)
+            )
             outcomes.add(tuple(result.token_ids))
-        # Every outcome is: a rejection at 1 (residual (0.3, 0, 0.1)/0.4), at 3 -> B, or all + bonus.
+        # Every outcome is: a rejection at 1 (residual (0.3, 0, 0.1)/0.4), at 3 -> B,
+        # or all + bonus.
         for outcome in outcomes:
             if len(outcome) == 1:
                 assert outcome[0] in (A, C)
@@ -80,7 +83,9 @@ class TestStochastic:
         draft = probs([0.2, 0.8, 0.0], [0.5, 0.5, 0.0])
         target = probs([0.1, 0.9, 0.0], [0.4, 0.6, 0.0], [0.0, 0.0, 1.0])
         for seed in range(50):
-            result = verify_stochastic(ids(B, B), draft, target, torch.Generator().manual_seed(seed))
+            result = verify_stochastic(
+                ids(B, B), draft, target, torch.Generator().manual_seed(seed)
+            )
             assert result.token_ids == [B, B, C] and result.bonus
 
     def test_deterministic_drafts_are_point_masses(self):
@@ -107,8 +112,11 @@ class TestStochastic:
         draft = probs([0.6, 0.4, 0.0])
         target = torch.cat([draft * (1 - 1e-4), probs([0.0, 0.0, 1.0])])
         # A rejection needs a uniform >= 0.9999: find a seed whose first draw is that large.
-        seed = next(s for s in range(200_000)
-                    if torch.rand(1, generator=torch.Generator().manual_seed(s)) >= 0.9999)
+        seed = next(
+            s
+            for s in range(200_000)
+            if torch.rand(1, generator=torch.Generator().manual_seed(s)) >= 0.9999
+        )
         result = verify_stochastic(ids(A), draft, target, torch.Generator().manual_seed(seed))
         assert result.num_accepted == 0 and result.residual_fallback
         assert result.token_ids[0] in (A, B)  # sampled from the target row, never NaN-driven

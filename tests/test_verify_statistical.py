@@ -28,7 +28,9 @@ def emitted_counts(draft_probs, target_probs, seed, draft_probs_for_verify=None,
     verify_with = draft_probs if draft_probs_for_verify is None else draft_probs_for_verify
     for _ in range(DRAWS):
         drafts = torch.multinomial(draft_probs, 1, generator=generator).squeeze(1)
-        result = verify_stochastic(drafts, None if point_mass else verify_with, target_probs, generator)
+        result = verify_stochastic(
+            drafts, None if point_mass else verify_with, target_probs, generator
+        )
         first[result.token_ids[0]] += 1
         if len(result.token_ids) > 1:
             second[result.token_ids[1]] += 1

@@ -2,7 +2,8 @@
 
 >>> from specdec import Engine, SamplingParams, SpecConfig       # doctest: +SKIP
 >>> engine = Engine(target=HFModel(target_model), drafter=ModelDrafter(HFModel(draft_model)))
->>> out = engine.generate(prompt_ids, SamplingParams(max_tokens=64, temperature=0.0), SpecConfig(k=4))
+>>> params = SamplingParams(max_tokens=64, temperature=0.0)
+>>> out = engine.generate(prompt_ids, params, SpecConfig(k=4))
 """
 
 from specdec.config import SamplingParams, SpecConfig

@@ -43,137 +43,280 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_command.add_parser(commands)
     tune = commands.add_parser(
-        "tune", help="measure acceptance and costs on your prompts; predicted vs measured speedup per k",
+        "tune",
+        help="measure acceptance and costs on your prompts; predicted vs measured speedup per k",
         description="The paper's analysis on your pair: measures the target's verify-cost curve "
-                    "v(n), the draft/target cost ratio c and the acceptance rate alpha on your "
-                    "prompts, predicts the speedup of every k with (1-a^(k+1))/((1-a)(kc+v)), "
-                    "measures it, prints a table, saves tune.json and tune.png, and recommends k.")
-    tune.add_argument("--prompts", help="a .jsonl file ({\"prompt\": ..., \"template\": raw|chat}) or a "
-                                        "text file with one prompt per line (\\n for newlines)")
+        "v(n), the draft/target cost ratio c and the acceptance rate alpha on your "
+        "prompts, predicts the speedup of every k with (1-a^(k+1))/((1-a)(kc+v)), "
+        "measures it, prints a table, saves tune.json and tune.png, and recommends k.",
+    )
+    tune.add_argument(
+        "--prompts",
+        help='a .jsonl file ({"prompt": ..., "template": raw|chat}) or a '
+        "text file with one prompt per line (\\n for newlines)",
+    )
     tune.add_argument("--workload", help="or a shipped workload: code, edit, summary, chat")
-    tune.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})")
-    tune.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default: {DEFAULT_DRAFT})")
-    tune.add_argument("--dtype", choices=["int8", "bfloat16", "float32"], default="int8",
-                      help="runtime of both models (default: int8)")
+    tune.add_argument(
+        "--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})"
+    )
+    tune.add_argument(
+        "--draft", default=DEFAULT_DRAFT, help=f"draft model (default: {DEFAULT_DRAFT})"
+    )
+    tune.add_argument(
+        "--dtype",
+        choices=["int8", "bfloat16", "float32"],
+        default="int8",
+        help="runtime of both models (default: int8)",
+    )
     tune.add_argument("--max-k", type=int, default=10, help="largest k to measure (default: 10)")
     tune.add_argument("--max-tokens", type=int, default=48, help="tokens per prompt (default: 48)")
-    tune.add_argument("--limit", type=int, default=4, help="use at most this many prompts (default: 4)")
-    tune.add_argument("--repeats", type=int, default=2,
-                      help="interleaved passes over plain and every k; medians kept (default: 2)")
+    tune.add_argument(
+        "--limit", type=int, default=4, help="use at most this many prompts (default: 4)"
+    )
+    tune.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="interleaved passes over plain and every k; medians kept (default: 2)",
+    )
     tune.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     tune.add_argument("--out", default="tune-results", help="folder for tune.json and tune.png")
-    tune.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
+    tune.add_argument(
+        "--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
+    )
     cost = commands.add_parser(
-        "cost", help="print a model's verify-cost curve v(n) = time(n-token pass) / time(1-token step)",
-        description="Speculation pays only if scoring k+1 tokens at once costs little more than one "
-                    "step. This measures the median time of an n-token forward pass after a short "
-                    "context, for n = 1..--max-n, on the chosen runtime.")
-    cost.add_argument("--model", default=DEFAULT_TARGET, help=f"catalog name, directory or .gguf (default: {DEFAULT_TARGET})")
+        "cost",
+        help="print a model's verify-cost curve v(n) = time(n-token pass) / time(1-token step)",
+        description="Speculation pays only if scoring k+1 tokens at once costs little more "
+        "than one step. This measures the median time of an n-token forward pass after a short "
+        "context, for n = 1..--max-n, on the chosen runtime.",
+    )
+    cost.add_argument(
+        "--model",
+        default=DEFAULT_TARGET,
+        help=f"catalog name, directory or .gguf (default: {DEFAULT_TARGET})",
+    )
     cost.add_argument("--runtime", choices=["transformers", "llamacpp"], default="transformers")
-    cost.add_argument("--gguf-type", choices=list(GGUF_TYPES), default="q4_k_m",
-                      help="llamacpp runtime: the GGUF type of a catalog model (default: q4_k_m)")
-    cost.add_argument("--dtype", choices=["int8", "bfloat16", "float32"], default="int8",
-                      help="transformers runtime precision (default: int8)")
+    cost.add_argument(
+        "--gguf-type",
+        choices=list(GGUF_TYPES),
+        default="q4_k_m",
+        help="llamacpp runtime: the GGUF type of a catalog model (default: q4_k_m)",
+    )
+    cost.add_argument(
+        "--dtype",
+        choices=["int8", "bfloat16", "float32"],
+        default="int8",
+        help="transformers runtime precision (default: int8)",
+    )
     cost.add_argument("--max-n", type=int, default=9, help="largest block (default: 9)")
-    cost.add_argument("--repeats", type=int, default=5, help="timings per block size, median kept (default: 5)")
-    cost.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
+    cost.add_argument(
+        "--repeats", type=int, default=5, help="timings per block size, median kept (default: 5)"
+    )
+    cost.add_argument(
+        "--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
+    )
     serve = commands.add_parser(
-        "serve", help="OpenAI-compatible HTTP server with speculative decoding",
-        description="Serve /v1/completions and /v1/chat/completions (streaming or not), /v1/models, "
-                    "/health and Prometheus /metrics. Requests are decoded by one worker thread, a "
-                    "round at a time, round-robin over up to --max-active requests, each with its "
-                    "own KV caches; --max-queue more may wait, beyond that the answer is 503.")
-    serve.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})")
-    serve.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default: {DEFAULT_DRAFT})")
-    serve.add_argument("--drafter", default="model", choices=["model", "lookup", "lookup+model", "none"],
-                       help="default drafter; a request may pick another with the 'drafter' field")
-    serve.add_argument("-k", type=k_value, default="auto",
-                       help="default speculative tokens per round (or auto); per request: num_speculative_tokens")
-    serve.add_argument("--dtype", choices=["int8", "bfloat16", "float32"], default="int8",
-                       help="runtime of both models (default: int8)")
+        "serve",
+        help="OpenAI-compatible HTTP server with speculative decoding",
+        description="Serve /v1/completions and /v1/chat/completions (streaming or not), "
+        "/v1/models, /health and Prometheus /metrics. Requests are decoded by one worker thread, a "
+        "round at a time, round-robin over up to --max-active requests, each with its "
+        "own KV caches; --max-queue more may wait, beyond that the answer is 503.",
+    )
+    serve.add_argument(
+        "--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})"
+    )
+    serve.add_argument(
+        "--draft", default=DEFAULT_DRAFT, help=f"draft model (default: {DEFAULT_DRAFT})"
+    )
+    serve.add_argument(
+        "--drafter",
+        default="model",
+        choices=["model", "lookup", "lookup+model", "none"],
+        help="default drafter; a request may pick another with the 'drafter' field",
+    )
+    serve.add_argument(
+        "-k",
+        type=k_value,
+        default="auto",
+        help="default speculative tokens per round (or auto); per request: num_speculative_tokens",
+    )
+    serve.add_argument(
+        "--dtype",
+        choices=["int8", "bfloat16", "float32"],
+        default="int8",
+        help="runtime of both models (default: int8)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    serve.add_argument("--max-active", type=int, default=4, help="requests decoded at once (default: 4)")
-    serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait (default: 16)")
-    serve.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
+    serve.add_argument(
+        "--max-active", type=int, default=4, help="requests decoded at once (default: 4)"
+    )
+    serve.add_argument(
+        "--max-queue", type=int, default=16, help="requests that may wait (default: 16)"
+    )
+    serve.add_argument(
+        "--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
+    )
     ngram = commands.add_parser("ngram", help="n-gram drafter models")
     ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True, parser_class=_Parser)
     build = ngram_commands.add_parser(
-        "build", help="count n-grams of text files into a drafter model",
+        "build",
+        help="count n-grams of text files into a drafter model",
         description="Tokenize FILES with the target's tokenizer and save an n-gram model for "
-                    "--drafter ngram --ngram-model OUTPUT.")
-    build.add_argument("files", nargs="+", help="text files (e.g. source code like what you will generate)")
+        "--drafter ngram --ngram-model OUTPUT.",
+    )
+    build.add_argument(
+        "files", nargs="+", help="text files (e.g. source code like what you will generate)"
+    )
     build.add_argument("-o", "--output", required=True, help="where to save the model (JSON)")
-    build.add_argument("--order", type=int, default=3, help="n of the n-grams: 2 = bigram (default: 3)")
-    build.add_argument("--tokenizer", default=DEFAULT_TARGET,
-                       help=f"catalog name or model directory whose tokenizer to use (default: {DEFAULT_TARGET})")
-    build.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
-    models = commands.add_parser("models", help="list the embedded model catalog and its cache status")
-    models.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
+    build.add_argument(
+        "--order", type=int, default=3, help="n of the n-grams: 2 = bigram (default: 3)"
+    )
+    build.add_argument(
+        "--tokenizer",
+        default=DEFAULT_TARGET,
+        help=f"catalog name or model directory whose tokenizer to use (default: {DEFAULT_TARGET})",
+    )
+    build.add_argument(
+        "--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
+    )
+    models = commands.add_parser(
+        "models", help="list the embedded model catalog and its cache status"
+    )
+    models.add_argument(
+        "--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
+    )
     return parser
 
 
 def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help="the prompt text")
-    p.add_argument("--target", default=DEFAULT_TARGET,
-                   help=f"target model: a catalog name or a transformers model directory (default: {DEFAULT_TARGET})")
-    p.add_argument("--draft", default=DEFAULT_DRAFT,
-                   help=f"draft model: a catalog name or a directory (default: {DEFAULT_DRAFT})")
-    p.add_argument("--target-runtime", choices=["transformers", "llamacpp"], default="transformers",
-                   help="runtime of the target: transformers (with --dtype) or llamacpp (the GGUF "
-                        "as is; needs the llamacpp extra). Default: transformers")
-    p.add_argument("--draft-runtime", choices=["auto", "transformers", "llamacpp"], default="auto",
-                   help="runtime of the draft model; a pair may mix runtimes when their "
-                        "vocabularies agree (checked at load). auto (default): llamacpp when "
-                        "llama-cpp-python is installed and the draft is a catalog model (its Q4_0 "
-                        "0.5B steps in ~29 ms here, against ~80 ms in int8), else transformers. "
-                        "The output is the target's either way")
-    p.add_argument("--gguf-type", choices=list(GGUF_TYPES),
-                   help="llamacpp runtime, catalog models: the GGUF type to run; q4_k_m is the "
-                        "catalog's own file, the others are made from it once with llama.cpp's "
-                        "quantizer. Default: q4_k_m for a target, q4_0 for a draft")
-    p.add_argument("--drafter", default="model", metavar="KIND",
-                   help="who drafts: model (the --draft model), lookup (copies from the prompt "
-                        "and output), ngram (an n-gram model, --ngram-model), a '+'-joined "
-                        "fallback chain such as lookup+model, or none (plain decoding). "
-                        "Default: model")
-    p.add_argument("--lookup-max-ngram", type=int, default=3,
-                   help="lookup: longest context tail to match (default: 3)")
-    p.add_argument("--lookup-min-ngram", type=int, default=1,
-                   help="lookup: shortest tail worth matching (default: 1)")
+    p.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help="target model: a catalog name or a transformers model directory "
+        f"(default: {DEFAULT_TARGET})",
+    )
+    p.add_argument(
+        "--draft",
+        default=DEFAULT_DRAFT,
+        help=f"draft model: a catalog name or a directory (default: {DEFAULT_DRAFT})",
+    )
+    p.add_argument(
+        "--target-runtime",
+        choices=["transformers", "llamacpp"],
+        default="transformers",
+        help="runtime of the target: transformers (with --dtype) or llamacpp (the GGUF "
+        "as is; needs the llamacpp extra). Default: transformers",
+    )
+    p.add_argument(
+        "--draft-runtime",
+        choices=["auto", "transformers", "llamacpp"],
+        default="auto",
+        help="runtime of the draft model; a pair may mix runtimes when their "
+        "vocabularies agree (checked at load). auto (default): llamacpp when "
+        "llama-cpp-python is installed and the draft is a catalog model (its Q4_0 "
+        "0.5B steps in ~29 ms here, against ~80 ms in int8), else transformers. "
+        "The output is the target's either way",
+    )
+    p.add_argument(
+        "--gguf-type",
+        choices=list(GGUF_TYPES),
+        help="llamacpp runtime, catalog models: the GGUF type to run; q4_k_m is the "
+        "catalog's own file, the others are made from it once with llama.cpp's "
+        "quantizer. Default: q4_k_m for a target, q4_0 for a draft",
+    )
+    p.add_argument(
+        "--drafter",
+        default="model",
+        metavar="KIND",
+        help="who drafts: model (the --draft model), lookup (copies from the prompt "
+        "and output), ngram (an n-gram model, --ngram-model), a '+'-joined "
+        "fallback chain such as lookup+model, or none (plain decoding). "
+        "Default: model",
+    )
+    p.add_argument(
+        "--lookup-max-ngram",
+        type=int,
+        default=3,
+        help="lookup: longest context tail to match (default: 3)",
+    )
+    p.add_argument(
+        "--lookup-min-ngram",
+        type=int,
+        default=1,
+        help="lookup: shortest tail worth matching (default: 1)",
+    )
     p.add_argument("--ngram-model", help="ngram: a file made by 'specdec ngram build'")
-    p.add_argument("-k", type=k_value, default="auto",
-                   help="drafted tokens per round: a number (0 = plain) or auto, chosen each round "
-                        "from measured acceptance and costs (default: auto)")
-    p.add_argument("--max-k", type=int, default=8, help="the most drafts per round with -k auto (default: 8)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="sampling temperature; 0 = greedy (default: 0)")
+    p.add_argument(
+        "-k",
+        type=k_value,
+        default="auto",
+        help="drafted tokens per round: a number (0 = plain) or auto, chosen each round "
+        "from measured acceptance and costs (default: auto)",
+    )
+    p.add_argument(
+        "--max-k", type=int, default=8, help="the most drafts per round with -k auto (default: 8)"
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature; 0 = greedy (default: 0)",
+    )
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default: 128)")
+    p.add_argument(
+        "--max-tokens", type=int, default=128, help="most tokens to generate (default: 128)"
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed of the request (default: 0)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--dtype", choices=["int8", "bfloat16", "float32"], default="int8",
-                   help="runtime precision (default: int8). int8: weights and activations in int8 "
-                        "(fbgemm), batch-invariant, so speculative output is bit-identical to plain "
-                        "int8 decoding and a k-token verify pass costs about one step. bfloat16: "
-                        "rounds a k-token pass differently from a 1-token step (output can differ "
-                        "from plain bf16 at near-ties). float32: the reference numerics, slowest")
+    p.add_argument(
+        "--dtype",
+        choices=["int8", "bfloat16", "float32"],
+        default="int8",
+        help="runtime precision (default: int8). int8: weights and activations in int8 "
+        "(fbgemm), batch-invariant, so speculative output is bit-identical to plain "
+        "int8 decoding and a k-token verify pass costs about one step. bfloat16: "
+        "rounds a k-token pass differently from a 1-token step (output can differ "
+        "from plain bf16 at near-ties). float32: the reference numerics, slowest",
+    )
     template = p.add_mutually_exclusive_group()
-    template.add_argument("--chat", dest="template", action="store_const", const="chat",
-                          help="wrap the prompt in the model's chat template")
-    template.add_argument("--raw", dest="template", action="store_const", const="raw",
-                          help="complete the prompt text as is")
+    template.add_argument(
+        "--chat",
+        dest="template",
+        action="store_const",
+        const="chat",
+        help="wrap the prompt in the model's chat template",
+    )
+    template.add_argument(
+        "--raw",
+        dest="template",
+        action="store_const",
+        const="raw",
+        help="complete the prompt text as is",
+    )
     p.set_defaults(template="auto")
-    p.add_argument("--compare", action="store_true",
-                   help="also run the target alone on the same prompt: speedup, identical output?")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run the target alone on the same prompt: speedup, identical output?",
+    )
     p.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
     out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true",
-                     help="print one JSON object: text, token_ids, finish_reason, stats (+ compare)")
-    out.add_argument("--show-drafts", action="store_true",
-                     help="colour tokens: accepted drafts green, rejected drafts red (struck), "
-                          "target-sampled (recovered/bonus) blue")
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: text, token_ids, finish_reason, stats (+ compare)",
+    )
+    out.add_argument(
+        "--show-drafts",
+        action="store_true",
+        help="colour tokens: accepted drafts green, rejected drafts red (struck), "
+        "target-sampled (recovered/bonus) blue",
+    )
     p.epilog = (
         "Prompt template: by default a prompt that looks like code (a def/class/import/#"
         " line, or one ending in ':' '{' '(' or a newline) is completed raw, anything else "
@@ -218,19 +361,27 @@ def _generate(args: argparse.Namespace) -> int:
     from specdec import cli_output
 
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=tuple(args.stop),
     )
     kinds = drafter_kinds(args.drafter)
     spec = SpecConfig(k=args.k if kinds else 0, max_k=args.max_k)
     if "ngram" in kinds and not args.ngram_model:
-        raise UsageError("--drafter ngram needs --ngram-model FILE (make one with 'specdec ngram build')")
+        raise UsageError(
+            "--drafter ngram needs --ngram-model FILE (make one with 'specdec ngram build')"
+        )
     engine = _build_engine(args, kinds)
     prompt_ids = encode_prompt(engine.target.tokenizer, args.prompt, args.template)
 
     if args.json:
         out = engine.generate(prompt_ids, params, spec)
-        compare = cli_output.compare_plain(engine, prompt_ids, params, out) if args.compare else None
+        compare = (
+            cli_output.compare_plain(engine, prompt_ids, params, out) if args.compare else None
+        )
         cli_output.print_json(out, **({"compare": compare} if compare else {}))
     else:
         out = cli_output.stream_to_terminal(engine, prompt_ids, params, spec, args.show_drafts)
@@ -280,20 +431,38 @@ def draft_runtime(choice: str, draft: str) -> str:
 def _build_engine(args: argparse.Namespace, kinds: list[str]):
     from specdec.backends.compat import check_same_vocabulary
     from specdec.cli_output import progress_bar
-    from specdec.drafters import FallbackDrafter, ModelDrafter, NGramDrafter, NGramModel, PromptLookupDrafter
+    from specdec.drafters import (
+        FallbackDrafter,
+        ModelDrafter,
+        NGramDrafter,
+        NGramModel,
+        PromptLookupDrafter,
+    )
     from specdec.engine import Engine
     from specdec.loading import load_backend
 
     with progress_bar() as progress:
-        target = load_backend(args.target, args.dtype, args.cache_dir, progress, args.target_runtime,
-                              args.gguf_type or "q4_k_m")
+        target = load_backend(
+            args.target,
+            args.dtype,
+            args.cache_dir,
+            progress,
+            args.target_runtime,
+            args.gguf_type or "q4_k_m",
+        )
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
         drafters = []
         for kind in kinds if args.k != 0 else []:
             if kind == "model":
-                draft = load_backend(args.draft, args.dtype, args.cache_dir, progress,
-                                     draft_runtime(args.draft_runtime, args.draft), args.gguf_type or "q4_0")
+                draft = load_backend(
+                    args.draft,
+                    args.dtype,
+                    args.cache_dir,
+                    progress,
+                    draft_runtime(args.draft_runtime, args.draft),
+                    args.gguf_type or "q4_0",
+                )
                 check_same_vocabulary(target, draft)
                 drafters.append(ModelDrafter(draft))
             elif kind == "lookup":
@@ -313,12 +482,18 @@ def _cost(args: argparse.Namespace) -> int:
     if not 1 <= args.max_n <= 64 or args.repeats < 1:
         raise UsageError("--max-n must be in 1..64 and --repeats >= 1")
     with progress_bar() as progress:
-        model = load_backend(args.model, args.dtype, args.cache_dir, progress, args.runtime, args.gguf_type)
+        model = load_backend(
+            args.model, args.dtype, args.cache_dir, progress, args.runtime, args.gguf_type
+        )
     # 32 ordinary token ids (inside any vocabulary): a short context to attend to.
     context = [i % model.vocab_size for i in range(1000, 1032)]
     step = time_pass(model, context, 1, args.repeats)
-    label = args.runtime + (f" {args.gguf_type}" if args.runtime == "llamacpp" else f" {args.dtype}")
-    sys.stdout.write(f"{args.model} on {label}: 1-token step {step * 1e3:.1f} ms\n n   ms     v(n)\n")
+    label = args.runtime + (
+        f" {args.gguf_type}" if args.runtime == "llamacpp" else f" {args.dtype}"
+    )
+    sys.stdout.write(
+        f"{args.model} on {label}: 1-token step {step * 1e3:.1f} ms\n n   ms     v(n)\n"
+    )
     for n in range(1, args.max_n + 1):
         seconds = step if n == 1 else time_pass(model, context, n, args.repeats)
         sys.stdout.write(f"{n:2d} {seconds * 1e3:7.1f} {seconds / step:6.2f}\n")
@@ -359,8 +534,13 @@ def _tune(args: argparse.Namespace) -> int:
     with progress_bar() as progress:
         target = load_backend(args.target, args.dtype, args.cache_dir, progress)
         draft = load_backend(args.draft, args.dtype, args.cache_dir, progress)
-        prompts = [encode_prompt(target.tokenizer, text, template) for text, template in items[: args.limit]]
-        costs, rows, alpha = tune(target, draft, prompts, params, args.max_k, progress, args.repeats)
+        prompts = [
+            encode_prompt(target.tokenizer, text, template)
+            for text, template in items[: args.limit]
+        ]
+        costs, rows, alpha = tune(
+            target, draft, prompts, params, args.max_k, progress, args.repeats
+        )
     paths = write_outputs(Path(args.out), costs, rows, alpha)
     print_tune(costs, rows, alpha, recommend(rows), paths)
     return 0
@@ -382,7 +562,9 @@ def _serve(args: argparse.Namespace) -> int:
             draft = load_backend(args.draft, args.dtype, args.cache_dir, progress).model
     scheduler = Scheduler(target.model, target.tokenizer, draft, args.max_active, args.max_queue)
     scheduler.start()
-    app = create_app(scheduler, model_name=str(args.target), default_k=args.k, default_drafter=args.drafter)
+    app = create_app(
+        scheduler, model_name=str(args.target), default_k=args.k, default_drafter=args.drafter
+    )
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
@@ -415,8 +597,9 @@ def _ngram_build(args: argparse.Namespace) -> int:
     model = NGramModel.build(sequences, args.order, vocab_size, tokenizer_name=str(args.tokenizer))
     model.save(args.output)
     tokens = sum(len(s) for s in sequences)
-    sys.stderr.write(f"saved {args.output}: order {args.order}, {tokens} tokens, "
-                     f"{len(model.counts)} contexts\n")
+    sys.stderr.write(
+        f"saved {args.output}: order {args.order}, {tokens} tokens, {len(model.counts)} contexts\n"
+    )
     return 0
 
 

@@ -36,8 +36,14 @@ def progress_bar() -> Iterator:
     if not console.is_terminal:
         yield _progress_lines()
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as bars:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bars:
         tasks: dict[str, int] = {}
 
         def update(step: str, done: int, total: int) -> None:
@@ -99,7 +105,10 @@ def print_models(cache_dir: str | None) -> None:
         if not state.installed:
             hints.append(f"{entry.name}: {entry.install_command()}")
         table.add_row(
-            entry.name, entry.description, entry.tokenizer_family, _size(entry.size),
+            entry.name,
+            entry.description,
+            entry.tokenizer_family,
+            _size(entry.size),
             "yes" if state.installed else "no",
             "yes" if state.converted else "no (built on first use)",
             _size(state.cache_bytes) if state.cache_bytes else "-",
@@ -161,23 +170,53 @@ def summary_line(stats: SpecStats, finish_reason: str | None) -> str:
 
 
 def print_tune(costs, rows, alpha: dict, recommended: int, paths: dict) -> None:
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 130)  # files: whole columns
+    console = Console(
+        highlight=False, width=None if sys.stdout.isatty() else 130
+    )  # files: whole columns
     step = alpha["target_step_seconds"]
-    console.print(f"in the runs: target step {step * 1e3:.1f} ms, draft {alpha['draft_seconds_per_token'] * 1e3:.1f} "
-                  f"ms per token (c = {alpha['draft_seconds_per_token'] / step:.2f}), engine overhead "
-                  f"{alpha['overhead_seconds_per_round'] * 1e3:.1f} ms per round; alpha = {alpha['alpha']:.3f} "
-                  "(accepted / reached), per position " + " ".join(f"{a:.2f}" for a in alpha["per_position"]))
-    table = Table(title=f"predicted vs measured speedup over plain decoding (median of {alpha['repeats']} "
-                        "interleaved passes)")
-    for column in ("k", "v(k+1)", "predicted", "error", "predicted (per-position)", "error", "measured",
-                   "acceptance", "mean accepted length"):
+    console.print(
+        f"in the runs: target step {step * 1e3:.1f} ms, "
+        f"draft {alpha['draft_seconds_per_token'] * 1e3:.1f} ms per token "
+        f"(c = {alpha['draft_seconds_per_token'] / step:.2f}), engine overhead "
+        f"{alpha['overhead_seconds_per_round'] * 1e3:.1f} ms per round; "
+        f"alpha = {alpha['alpha']:.3f} "
+        "(accepted / reached), per position " + " ".join(f"{a:.2f}" for a in alpha["per_position"])
+    )
+    table = Table(
+        title=f"predicted vs measured speedup over plain decoding (median of {alpha['repeats']} "
+        "interleaved passes)"
+    )
+    for column in (
+        "k",
+        "v(k+1)",
+        "predicted",
+        "error",
+        "predicted (per-position)",
+        "error",
+        "measured",
+        "acceptance",
+        "mean accepted length",
+    ):
         table.add_column(column, justify="right")
     for row in rows:
-        errors = [(p - row.measured_speedup) / row.measured_speedup
-                  for p in (row.predicted_speedup, row.predicted_speedup_by_position)]
-        table.add_row(str(row.k), f"{costs.verify_cost[row.k + 1]:.2f}", f"{row.predicted_speedup:.2f}x",
-                      f"{errors[0]:+.0%}", f"{row.predicted_speedup_by_position:.2f}x", f"{errors[1]:+.0%}",
-                      f"{row.measured_speedup:.2f}x", f"{row.acceptance_rate:.2f}", f"{row.mean_accepted_length:.2f}")
+        errors = [
+            (p - row.measured_speedup) / row.measured_speedup
+            for p in (row.predicted_speedup, row.predicted_speedup_by_position)
+        ]
+        table.add_row(
+            str(row.k),
+            f"{costs.verify_cost[row.k + 1]:.2f}",
+            f"{row.predicted_speedup:.2f}x",
+            f"{errors[0]:+.0%}",
+            f"{row.predicted_speedup_by_position:.2f}x",
+            f"{errors[1]:+.0%}",
+            f"{row.measured_speedup:.2f}x",
+            f"{row.acceptance_rate:.2f}",
+            f"{row.mean_accepted_length:.2f}",
+        )
     console.print(table)
-    console.print(f"recommended k: {recommended}" + (" (speculation does not pay here)" if recommended == 0 else ""))
+    console.print(
+        f"recommended k: {recommended}"
+        + (" (speculation does not pay here)" if recommended == 0 else "")
+    )
     console.print(f"saved: {paths['json']}, {paths['plot']}")

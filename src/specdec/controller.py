@@ -105,8 +105,14 @@ class AdaptiveK:
 
     # ---- learning -----------------------------------------------------------------
 
-    def observe(self, k: int, num_accepted: int, confidences: list[float] | None,
-                draft_seconds: float, pass_seconds: float) -> None:
+    def observe(
+        self,
+        k: int,
+        num_accepted: int,
+        confidences: list[float] | None,
+        draft_seconds: float,
+        pass_seconds: float,
+    ) -> None:
         """Update from one round: what was drafted, what survived, what it cost."""
         weight = 1.0 - self.decay
         if k > 0:

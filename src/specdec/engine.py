@@ -55,8 +55,13 @@ class Output:
     def from_chunks(cls, chunks: list[Chunk]) -> Output:
         """The whole output of a finished stream."""
         last = chunks[-1]
-        return cls([t for chunk in chunks for t in chunk.token_ids], "".join(c.text for c in chunks),
-                   last.finish_reason or "length", last.stats, chunks)
+        return cls(
+            [t for chunk in chunks for t in chunk.token_ids],
+            "".join(c.text for c in chunks),
+            last.finish_reason or "length",
+            last.stats,
+            chunks,
+        )
 
 
 class Engine:
@@ -100,7 +105,8 @@ class Engine:
         bad = [t for t in prompt if not 0 <= t < self.target.vocab_size]
         if bad:
             raise ValueError(
-                f"prompt_ids contains ids outside the vocabulary [0, {self.target.vocab_size}): {bad[:5]}"
+                f"prompt_ids contains ids outside the vocabulary [0, {self.target.vocab_size}): "
+                f"{bad[:5]}"
             )
         limit = self.target.max_length
         if limit is not None and len(prompt) >= limit:
@@ -113,8 +119,14 @@ class Engine:
 class _Run:
     """The state of one request: its context, generator, stats and text."""
 
-    def __init__(self, engine: Engine, prompt: list[int], params: SamplingParams,
-                 spec: SpecConfig, detokenizer: Detokenizer):
+    def __init__(
+        self,
+        engine: Engine,
+        prompt: list[int],
+        params: SamplingParams,
+        spec: SpecConfig,
+        detokenizer: Detokenizer,
+    ):
         self.target = engine.target
         self.drafter = engine.drafter
         self.params = params
@@ -169,11 +181,13 @@ class _Run:
         self.target.truncate(len(self.context) + result.num_accepted)
         self.stats.target_seconds += pass_seconds + time.perf_counter() - started
         self.stats.drafter_seconds += draft_seconds
-        self.stats.record_round(k, result.num_accepted, result.bonus, result.residual_fallback,
-                                proposal.drafter)
+        self.stats.record_round(
+            k, result.num_accepted, result.bonus, result.residual_fallback, proposal.drafter
+        )
         if self.controller is not None:
-            self.controller.observe(k, result.num_accepted, proposal.confidences,
-                                    draft_seconds, pass_seconds)
+            self.controller.observe(
+                k, result.num_accepted, proposal.confidences, draft_seconds, pass_seconds
+            )
         return self._emit(result, proposal)
 
     def _propose(self) -> tuple[Proposal, float]:
@@ -196,7 +210,9 @@ class _Run:
         if self.params.greedy:
             return verify_greedy(draft_ids, logits)
         target_probs = logits_to_probs(logits, self.params)
-        return verify_stochastic(draft_ids, proposal.draft_probs, target_probs, self.sampler.generator)
+        return verify_stochastic(
+            draft_ids, proposal.draft_probs, target_probs, self.sampler.generator
+        )
 
     def _emit(self, result: VerifyResult, proposal: Proposal) -> Chunk:
         remaining = self.params.max_tokens - len(self.generated)

@@ -16,9 +16,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.fl
 RUNTIMES = ("transformers", "llamacpp")
 
 
-def load_backend(spec: str, dtype: str = "int8", cache_dir: str | None = None,
-                 progress: Progress | None = None, runtime: str = "transformers",
-                 gguf_type: str = "q4_k_m"):
+def load_backend(
+    spec: str,
+    dtype: str = "int8",
+    cache_dir: str | None = None,
+    progress: Progress | None = None,
+    runtime: str = "transformers",
+    gguf_type: str = "q4_k_m",
+):
     """``spec`` is a catalog name (built and cached on first use) or a model directory
     (a .gguf file for llama.cpp). ``dtype`` applies to transformers; llama.cpp runs a
     catalog model as ``gguf_type`` (made once from the catalog's Q4_K_M file) and a .gguf
@@ -28,7 +33,9 @@ def load_backend(spec: str, dtype: str = "int8", cache_dir: str | None = None,
     if runtime == "llamacpp":
         return _load_llamacpp(spec, cache_dir, progress, gguf_type)
     if spec in CATALOG:
-        directory = ensure_converted(lookup(spec), cache_root(cache_dir), *([progress] if progress else []))
+        directory = ensure_converted(
+            lookup(spec), cache_root(cache_dir), *([progress] if progress else [])
+        )
     else:
         directory = Path(spec).expanduser()
         if not directory.is_dir():
@@ -49,9 +56,7 @@ def load_hf(path: str | Path, dtype: str = "float32", progress: Progress | None 
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     directory = Path(path).expanduser()
     if not (directory / "config.json").is_file():
-        raise ValueError(
-            f"{path!s} is not a transformers model directory (no config.json in it)"
-        )
+        raise ValueError(f"{path!s} is not a transformers model directory (no config.json in it)")
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
     if dtype == "int8":
         from specdec.backends.int8 import make_int8_batch_invariant
@@ -79,12 +84,18 @@ def _load_llamacpp(spec: str, cache_dir: str | None, progress: Progress | None, 
 
     if spec in CATALOG:
         entry = lookup(spec)
-        path = ensure_gguf_type(entry, cache_root(cache_dir), gguf_type, *([progress] if progress else []))
+        path = ensure_gguf_type(
+            entry, cache_root(cache_dir), gguf_type, *([progress] if progress else [])
+        )
         model = LlamaCppModel(path)
-        extra_eos = [model.llama.tokenize(t.encode(), add_bos=False, special=True) for t in entry.eos_tokens]
+        extra_eos = [
+            model.llama.tokenize(t.encode(), add_bos=False, special=True) for t in entry.eos_tokens
+        ]
         model.eos_token_ids = model.eos_token_ids | {ids[0] for ids in extra_eos if len(ids) == 1}
         return model
     path = Path(spec).expanduser()
     if path.suffix != ".gguf" or not path.is_file():
-        raise ValueError(f"{spec!r} is neither a catalog model ({', '.join(CATALOG)}) nor a .gguf file")
+        raise ValueError(
+            f"{spec!r} is neither a catalog model ({', '.join(CATALOG)}) nor a .gguf file"
+        )
     return LlamaCppModel(path)

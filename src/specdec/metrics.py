@@ -38,8 +38,9 @@ class SpecStats:
     prefill_seconds: float = 0.0
     total_seconds: float = 0.0
 
-    def record_round(self, k: int, num_accepted: int, bonus: bool, residual_fallback: bool,
-                     drafter: str = "") -> None:
+    def record_round(
+        self, k: int, num_accepted: int, bonus: bool, residual_fallback: bool, drafter: str = ""
+    ) -> None:
         self.rounds += 1
         if k > 0:
             member = self.by_drafter.setdefault(drafter, {"rounds": 0, "drafted": 0, "accepted": 0})
@@ -71,7 +72,9 @@ class SpecStats:
     def per_position_acceptance(self) -> list[float]:
         return [
             accepted / drafted if drafted else 0.0
-            for accepted, drafted in zip(self.accepted_per_position, self.drafted_per_position)
+            for accepted, drafted in zip(
+                self.accepted_per_position, self.drafted_per_position, strict=True
+            )
         ]
 
     @property

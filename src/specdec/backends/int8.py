@@ -64,7 +64,9 @@ def _pack(weight: torch.Tensor):
     with warnings.catch_warnings():
         # Deprecated for a future release; torch is pinned to 2.13.0, where it works.
         warnings.simplefilter("ignore", UserWarning)
-        quantized = torch.quantize_per_channel(weight.contiguous(), scales, zero_points, 0, torch.qint8)
+        quantized = torch.quantize_per_channel(
+            weight.contiguous(), scales, zero_points, 0, torch.qint8
+        )
     return torch.ops.quantized.linear_prepack(quantized, None)
 
 
@@ -97,8 +99,12 @@ def make_int8_batch_invariant(model: nn.Module, progress=None) -> nn.Module:
     ``progress(step, done, total)`` is called as layers finish.
     """
     _register_attention()
-    slots = [(module, name, child) for module in model.modules()
-             for name, child in module.named_children() if isinstance(child, nn.Linear)]
+    slots = [
+        (module, name, child)
+        for module in model.modules()
+        for name, child in module.named_children()
+        if isinstance(child, nn.Linear)
+    ]
     with ThreadPoolExecutor(max_workers=2) as pool:
         for done, (module, name, int8_linear) in enumerate(
             pool.map(lambda slot: (slot[0], slot[1], RowInt8Linear(slot[2])), slots), start=1

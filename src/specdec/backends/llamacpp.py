@@ -28,12 +28,15 @@ class LlamaCppTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tokenize: bool = True):
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = True
+    ):
         """The GGUF's chat template, rendered with jinja2 as transformers does."""
         import jinja2
 
-        template = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(self.chat_template)
+        template = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(
+            self.chat_template
+        )
         text = template.render(messages=messages, add_generation_prompt=add_generation_prompt)
         return self.encode(text) if tokenize else text
 
@@ -41,22 +44,39 @@ class LlamaCppTokenizer:
         return int(self.llama.n_vocab())
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self.llama.detokenize(list(token_ids), special=not skip_special_tokens).decode("utf-8", errors="replace")
+        return self.llama.detokenize(list(token_ids), special=not skip_special_tokens).decode(
+            "utf-8", errors="replace"
+        )
 
 
 class LlamaCppModel:
     """A GGUF model on llama.cpp, one sequence, its KV cache extended and cut back in place."""
 
-    def __init__(self, gguf_path: str | Path, n_ctx: int = 8192, n_threads: int | None = None,
-                 tokenizer=None, eos_token_ids: Sequence[int] = ()):
+    def __init__(
+        self,
+        gguf_path: str | Path,
+        n_ctx: int = 8192,
+        n_threads: int | None = None,
+        tokenizer=None,
+        eos_token_ids: Sequence[int] = (),
+    ):
         try:
             from llama_cpp import Llama
         except ImportError:
-            raise ValueError("the llama.cpp runtime needs llama-cpp-python: pip install -e '.[llamacpp]'") from None
+            raise ValueError(
+                "the llama.cpp runtime needs llama-cpp-python: pip install -e '.[llamacpp]'"
+            ) from None
         threads = n_threads or os.cpu_count() or 1
         # logits_all stays off: forward asks llama.cpp for the rows it needs, batch by batch.
-        self.llama = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads,
-                           n_threads_batch=threads, n_batch=512, logits_all=False, verbose=False)
+        self.llama = Llama(
+            model_path=str(gguf_path),
+            n_ctx=n_ctx,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_batch=512,
+            logits_all=False,
+            verbose=False,
+        )
         self.vocab_size = int(self.llama.n_vocab())
         self.tokenizer = tokenizer or LlamaCppTokenizer(self.llama)
         self.eos_token_ids = frozenset({int(self.llama.token_eos()), *eos_token_ids})
@@ -81,7 +101,9 @@ class LlamaCppModel:
             llama._ctx.decode(llama._batch)
             if not last_only or start + llama.n_batch >= len(ids):
                 n_out = 1 if last_only else len(chunk)
-                logits = np.ctypeslib.as_array(llama._ctx.get_logits(), shape=(n_out * self.vocab_size,))
+                logits = np.ctypeslib.as_array(
+                    llama._ctx.get_logits(), shape=(n_out * self.vocab_size,)
+                )
                 rows.append(logits.reshape(n_out, self.vocab_size).copy())
             n_past += len(chunk)
         llama.input_ids[n_past - len(ids) : n_past] = ids  # llama-cpp-python's own bookkeeping

@@ -18,7 +18,8 @@ from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 def add_parser(commands) -> None:
     p = commands.add_parser(
-        "bench", help="compare specdec with plain decoding and peers, on shipped workloads",
+        "bench",
+        help="compare specdec with plain decoding and peers, on shipped workloads",
         description=(
             "Run every system on the same prompts, target weights and runtime, interleaved "
             "(A B A B) after a warm-up, and write results.json, results.md, speedup.png and "
@@ -26,23 +27,40 @@ def add_parser(commands) -> None:
             "--quick uses tiny random models (seconds; what CI runs)."
         ),
     )
-    p.add_argument("--quick", action="store_true", help="tiny random models, 2 prompts per workload, 12 tokens")
-    p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny random models, 2 prompts per workload, 12 tokens"
+    )
+    p.add_argument(
+        "--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})"
+    )
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default: {DEFAULT_DRAFT})")
-    p.add_argument("--dtype", choices=["int8", "bfloat16", "float32"], default="int8",
-                   help="transformers runtime of both models for systems without @RUNTIME, and of "
-                        "plain, the baseline of every ratio (default: int8)")
-    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
-                   help="comma-separated: plain, hf-generate, hf-assisted, hf-lookup, llamacpp (llama.cpp's "
-                        "own loop), and DRAFTER-kN or DRAFTER-auto with DRAFTER one of model, lookup, "
-                        "ngram, lookup+model, lookup+ngram. Each may end in @RUNTIME: a transformers "
-                        "dtype (int8, bfloat16, float32) or a llama.cpp GGUF type (q4_k_m, q8_0, q4_0, "
-                        "f16, bf16), optionally TARGET/DRAFT, e.g. model-auto@int8/q4_0 "
-                        f"(default: {','.join(DEFAULT_SYSTEMS)}, and llamacpp and model-auto@DTYPE/q4_0 "
-                        "when llama-cpp-python is installed)")
+    p.add_argument(
+        "--dtype",
+        choices=["int8", "bfloat16", "float32"],
+        default="int8",
+        help="transformers runtime of both models for systems without @RUNTIME, and of "
+        "plain, the baseline of every ratio (default: int8)",
+    )
+    p.add_argument(
+        "--systems",
+        default=",".join(DEFAULT_SYSTEMS),
+        help="comma-separated: plain, hf-generate, hf-assisted, hf-lookup, llamacpp (llama.cpp's "
+        "own loop), and DRAFTER-kN or DRAFTER-auto with DRAFTER one of model, lookup, "
+        "ngram, lookup+model, lookup+ngram. Each may end in @RUNTIME: a transformers "
+        "dtype (int8, bfloat16, float32) or a llama.cpp GGUF type (q4_k_m, q8_0, q4_0, "
+        "f16, bf16), optionally TARGET/DRAFT, e.g. model-auto@int8/q4_0 "
+        f"(default: {','.join(DEFAULT_SYSTEMS)}, and llamacpp and model-auto@DTYPE/q4_0 "
+        "when llama-cpp-python is installed)",
+    )
     p.add_argument("--ngram-model", help="n-gram model file for the ngram systems")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {', '.join(WORKLOADS)}")
-    p.add_argument("--prompts-per-workload", type=int, default=8, help="prompts of each workload (default: 8)")
+    p.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated, from {', '.join(WORKLOADS)}",
+    )
+    p.add_argument(
+        "--prompts-per-workload", type=int, default=8, help="prompts of each workload (default: 8)"
+    )
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per generation (default: 64)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved passes (default: 3)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); e.g. 0.7")
@@ -88,15 +106,29 @@ def run(args: argparse.Namespace) -> int:
             done[0] += 1
             progress("benchmark runs", done[0], total)
 
-        runs = run_benchmark(systems, items, pool.tokenizer, params, args.repeats, progress=step,
-                             references=references)
+        runs = run_benchmark(
+            systems,
+            items,
+            pool.tokenizer,
+            params,
+            args.repeats,
+            progress=step,
+            references=references,
+        )
     rows = summarize(runs)
     date = datetime.datetime.now().strftime("%Y-%m-%d")
     out_dir = Path(args.out or f"bench/results/{date}")
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
-            "command": "specdec " + " ".join(sys.argv[1:]),
-            "target": target_label, "dtype": args.dtype, "max_tokens": max_tokens,
-            "repeats": args.repeats, "temperature": args.temperature, "prompts": len(items)}
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine(),
+        "command": "specdec " + " ".join(sys.argv[1:]),
+        "target": target_label,
+        "dtype": args.dtype,
+        "max_tokens": max_tokens,
+        "repeats": args.repeats,
+        "temperature": args.temperature,
+        "prompts": len(items),
+    }
     paths = write_reports(out_dir, meta, rows, runs_to_json(runs), descriptions)
     sys.stdout.write(paths["markdown"].read_text())
     sys.stderr.write(f"reports: {', '.join(str(p) for p in paths.values())}\n")
@@ -132,8 +164,13 @@ def _pool(args: argparse.Namespace) -> tuple[ModelPool, str]:
         return load_backend(specs[role], dtype, args.cache_dir, progress).model
 
     def load_gguf(role: str, gguf_type: str, progress):
-        return load_backend(specs[role], cache_dir=args.cache_dir, progress=progress,
-                            runtime="llamacpp", gguf_type=gguf_type)
+        return load_backend(
+            specs[role],
+            cache_dir=args.cache_dir,
+            progress=progress,
+            runtime="llamacpp",
+            gguf_type=gguf_type,
+        )
 
     return ModelPool(load_tokenizer(args.target, args.cache_dir), load_hf, load_gguf), args.target
 
@@ -155,5 +192,8 @@ def machine() -> str:
         pass
     import torch
 
-    return (f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, "
-            f"Python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads)")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, "
+        f"Python {platform.python_version()}, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads)"
+    )

@@ -35,7 +35,9 @@ def load_workloads(names=WORKLOADS, per_workload: int | None = None) -> list[Pro
             raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
         text = resources.files("specdec.bench").joinpath(f"workloads/{name}.jsonl").read_text()
         rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-        items += [PromptItem(r["id"], name, r["template"], r["prompt"]) for r in rows[:per_workload]]
+        items += [
+            PromptItem(r["id"], name, r["template"], r["prompt"]) for r in rows[:per_workload]
+        ]
     return items
 
 
@@ -55,23 +57,31 @@ class Run:
     token_ids: list[int]
 
 
-def run_benchmark(systems: dict, items: list[PromptItem], tokenizer, params: SamplingParams,
-                  repeats: int, baseline: str = "plain",
-                  progress: Callable[[str], None] = lambda label: None,
-                  references: dict[str, str] | None = None) -> list[Run]:
+def run_benchmark(
+    systems: dict,
+    items: list[PromptItem],
+    tokenizer,
+    params: SamplingParams,
+    repeats: int,
+    baseline: str = "plain",
+    progress: Callable[[str], None] = lambda label: None,
+    references: dict[str, str] | None = None,
+) -> list[Run]:
     """All runs; ``systems`` maps a name to an object with ``run(prompt_ids, params)``.
     ``references`` names, per system, the run its tokens are compared with (default: the
     baseline)."""
     assert baseline in systems, "the baseline system must be part of the run"
     references = {name: (references or {}).get(name, baseline) for name in systems}
     chat_ok = bool(getattr(tokenizer, "chat_template", None))  # tiny test tokenizers have none
-    encoded = {item.id: encode_prompt(tokenizer, item.prompt, item.template if chat_ok else "raw")
-               for item in items}
+    encoded = {
+        item.id: encode_prompt(tokenizer, item.prompt, item.template if chat_ok else "raw")
+        for item in items
+    }
     _warm_up(systems, encoded[items[0].id], params)
     names = list(systems)
     runs: list[Run] = []
     for repeat in range(repeats):
-        order = names[repeat % len(names):] + names[: repeat % len(names)]
+        order = names[repeat % len(names) :] + names[: repeat % len(names)]
         for item in items:
             outputs: dict[str, RunOutput] = {}
             for name in order:
@@ -79,19 +89,34 @@ def run_benchmark(systems: dict, items: list[PromptItem], tokenizer, params: Sam
                 outputs[name] = systems[name].run(encoded[item.id], params)
             for name in names:
                 out, reference = outputs[name], references[name]
-                runs.append(Run(
-                    name, item.workload, item.id, repeat, len(encoded[item.id]), len(out.token_ids),
-                    out.seconds, len(out.token_ids) / out.seconds if out.seconds else 0.0,
-                    (out.token_ids == outputs[reference].token_ids) if params.greedy else None,
-                    reference, out.stats, out.token_ids,
-                ))
+                runs.append(
+                    Run(
+                        name,
+                        item.workload,
+                        item.id,
+                        repeat,
+                        len(encoded[item.id]),
+                        len(out.token_ids),
+                        out.seconds,
+                        len(out.token_ids) / out.seconds if out.seconds else 0.0,
+                        (out.token_ids == outputs[reference].token_ids) if params.greedy else None,
+                        reference,
+                        out.stats,
+                        out.token_ids,
+                    )
+                )
     return runs
 
 
 def _warm_up(systems: dict, prompt_ids: list[int], params: SamplingParams) -> None:
     """One short run per system: first-call costs (allocations, lazy init) stay out."""
-    short = SamplingParams(max_tokens=min(4, params.max_tokens), temperature=params.temperature,
-                           top_k=params.top_k, top_p=params.top_p, seed=params.seed)
+    short = SamplingParams(
+        max_tokens=min(4, params.max_tokens),
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        seed=params.seed,
+    )
     for system in systems.values():
         system.run(prompt_ids, short)
 
@@ -107,29 +132,48 @@ def summarize(runs: list[Run], baseline: str = "plain") -> list[dict]:
     """
     base = {(r.prompt_id, r.repeat): r.tokens_per_second for r in runs if r.system == baseline}
     rows = []
-    keys = sorted({(r.workload, r.system) for r in runs}, key=lambda k: (WORKLOADS.index(k[0])
-                  if k[0] in WORKLOADS else 99, _system_order(runs).index(k[1])))
+    keys = sorted(
+        {(r.workload, r.system) for r in runs},
+        key=lambda k: (
+            WORKLOADS.index(k[0]) if k[0] in WORKLOADS else 99,
+            _system_order(runs).index(k[1]),
+        ),
+    )
     for workload, system in keys:
         mine = [r for r in runs if r.workload == workload and r.system == system]
         tps = [r.tokens_per_second for r in mine]
-        ratios = [r.tokens_per_second / base[(r.prompt_id, r.repeat)] for r in mine
-                  if base.get((r.prompt_id, r.repeat))]
+        ratios = [
+            r.tokens_per_second / base[(r.prompt_id, r.repeat)]
+            for r in mine
+            if base.get((r.prompt_id, r.repeat))
+        ]
         stats = [r.stats for r in mine if r.stats]
         drafted = sum(s["drafted_tokens"] for s in stats)
         rounds = sum(s["rounds"] for s in stats)
         identical = [r.identical_to_reference for r in mine if r.identical_to_reference is not None]
         ms_per_token = [1000 * r.seconds / r.generated_tokens for r in mine if r.generated_tokens]
-        rows.append({
-            "workload": workload, "system": system, "runs": len(mine), "reference": mine[0].reference,
-            "tokens_per_second": statistics.median(tps), "tokens_per_second_min": min(tps),
-            "tokens_per_second_max": max(tps),
-            "ms_per_token": statistics.median(ms_per_token) if ms_per_token else None,
-            "speedup": statistics.median(ratios) if ratios else None,
-            "speedup_min": min(ratios) if ratios else None, "speedup_max": max(ratios) if ratios else None,
-            "acceptance_rate": sum(s["accepted_tokens"] for s in stats) / drafted if drafted else None,
-            "mean_accepted_length": 1 + sum(s["accepted_tokens"] for s in stats) / rounds if rounds and drafted else None,
-            "identical": sum(identical) / len(identical) if identical else None,
-        })
+        rows.append(
+            {
+                "workload": workload,
+                "system": system,
+                "runs": len(mine),
+                "reference": mine[0].reference,
+                "tokens_per_second": statistics.median(tps),
+                "tokens_per_second_min": min(tps),
+                "tokens_per_second_max": max(tps),
+                "ms_per_token": statistics.median(ms_per_token) if ms_per_token else None,
+                "speedup": statistics.median(ratios) if ratios else None,
+                "speedup_min": min(ratios) if ratios else None,
+                "speedup_max": max(ratios) if ratios else None,
+                "acceptance_rate": sum(s["accepted_tokens"] for s in stats) / drafted
+                if drafted
+                else None,
+                "mean_accepted_length": 1 + sum(s["accepted_tokens"] for s in stats) / rounds
+                if rounds and drafted
+                else None,
+                "identical": sum(identical) / len(identical) if identical else None,
+            }
+        )
     return rows
 
 

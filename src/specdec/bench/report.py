@@ -14,12 +14,18 @@ def _fmt(value, spec: str = ".2f", none: str = "-") -> str:
 
 def markdown_table(rows: list[dict], descriptions: dict[str, str]) -> str:
     lines = [
-        "| workload | system | tok/s median (min–max) | ms/token | speedup vs plain (min–max) | acceptance | mean accepted length | identical to plain* |",
+        "| workload | system | tok/s median (min–max) | ms/token | speedup vs plain (min–max) "
+        "| acceptance | mean accepted length | identical to plain* |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        identical = ("n/a" if row["identical"] is None else "reference" if row["system"] == row["reference"]
-                     else f"{row['identical'] * 100:.0f}%")
+        identical = (
+            "n/a"
+            if row["identical"] is None
+            else "reference"
+            if row["system"] == row["reference"]
+            else f"{row['identical'] * 100:.0f}%"
+        )
         lines.append(
             f"| {row['workload']} | {row['system']} | {row['tokens_per_second']:.2f} "
             f"({row['tokens_per_second_min']:.2f}–{row['tokens_per_second_max']:.2f}) | "
@@ -28,8 +34,10 @@ def markdown_table(rows: list[dict], descriptions: dict[str, str]) -> str:
             f"{_fmt(row['acceptance_rate'])} | {_fmt(row['mean_accepted_length'])} | {identical} |"
         )
     lines.append("")
-    lines.append("\\* identical: the same tokens as the plain run on the system's own target runtime "
-                 "(`plain@RUNTIME`) when the run has one, else as `plain`; runtimes round differently.")
+    lines.append(
+        "\\* identical: the same tokens as the plain run on the system's own target runtime "
+        "(`plain@RUNTIME`) when the run has one, else as `plain`; runtimes round differently."
+    )
     lines.append("")
     lines += [f"- `{name}`: {text}" for name, text in descriptions.items()]
     return "\n".join(lines) + "\n"
@@ -44,12 +52,19 @@ def theory_points(runs: list[dict]) -> list[dict]:
     for run in runs:
         stats = run["stats"]
         if run["system"] == run["reference"] and stats and stats["rounds"]:
-            steps[(run["system"], run["prompt_id"], run["repeat"])] = stats["target_seconds"] / stats["rounds"]
+            steps[(run["system"], run["prompt_id"], run["repeat"])] = (
+                stats["target_seconds"] / stats["rounds"]
+            )
     points = []
     for run in runs:
         stats = run["stats"]
         step = steps.get((run["reference"], run["prompt_id"], run["repeat"]))
-        if not stats or not step or not stats["drafted_tokens"] or run["system"] == run["reference"]:
+        if (
+            not stats
+            or not step
+            or not stats["drafted_tokens"]
+            or run["system"] == run["reference"]
+        ):
             continue
         drafting = {int(k): n for k, n in stats["k_per_round"].items() if k != "0"}
         k = max(drafting, key=drafting.get)
@@ -57,12 +72,25 @@ def theory_points(runs: list[dict]) -> list[dict]:
             continue  # adaptive k: no single k for the formula (rounds cut by max_tokens aside)
         c = stats["drafter_seconds"] / stats["drafted_tokens"] / step
         v = stats["target_seconds"] / stats["rounds"] / step
-        predicted = expected_tokens_per_round(min(stats["acceptance_rate"], 0.999999), k) / (k * c + v)
+        predicted = expected_tokens_per_round(min(stats["acceptance_rate"], 0.999999), k) / (
+            k * c + v
+        )
         decode_seconds = stats["total_seconds"] - stats["prefill_seconds"]
-        measured = (stats["generated_tokens"] / decode_seconds) * step if decode_seconds > 0 else 0.0
-        points.append({"system": run["system"], "prompt_id": run["prompt_id"], "k": k,
-                       "alpha": stats["acceptance_rate"], "c": c, "v": v,
-                       "predicted": predicted, "measured": measured})
+        measured = (
+            (stats["generated_tokens"] / decode_seconds) * step if decode_seconds > 0 else 0.0
+        )
+        points.append(
+            {
+                "system": run["system"],
+                "prompt_id": run["prompt_id"],
+                "k": k,
+                "alpha": stats["acceptance_rate"],
+                "c": c,
+                "v": v,
+                "predicted": predicted,
+                "measured": measured,
+            }
+        )
     return points
 
 
@@ -77,8 +105,12 @@ def plot_speedups(rows: list[dict], path: Path) -> None:
     width = 0.8 / max(1, len(systems))
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(workloads) * len(systems) / 3), 4.5))
     for i, system in enumerate(systems):
-        values = [next((r["speedup"] or 0 for r in rows if r["workload"] == w and r["system"] == system), 0)
-                  for w in workloads]
+        values = [
+            next(
+                (r["speedup"] or 0 for r in rows if r["workload"] == w and r["system"] == system), 0
+            )
+            for w in workloads
+        ]
         ax.bar([x + i * width for x in range(len(workloads))], values, width, label=system)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([x + width * (len(systems) - 1) / 2 for x in range(len(workloads))], workloads)
@@ -98,7 +130,9 @@ def plot_theory(points: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 5))
     for system in dict.fromkeys(p["system"] for p in points):
         mine = [p for p in points if p["system"] == system]
-        ax.scatter([p["predicted"] for p in mine], [p["measured"] for p in mine], label=system, s=18)
+        ax.scatter(
+            [p["predicted"] for p in mine], [p["measured"] for p in mine], label=system, s=18
+        )
     top = max([1.0] + [max(p["predicted"], p["measured"]) for p in points]) * 1.1
     ax.plot([0, top], [0, top], color="grey", linewidth=0.8, label="measured = predicted")
     ax.set_xlabel("predicted speedup, (1-α^(k+1)) / ((1-α)(kc+v))")
@@ -109,13 +143,20 @@ def plot_theory(points: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_reports(out_dir: Path, meta: dict, rows: list[dict], runs: list[dict],
-                  descriptions: dict[str, str]) -> dict[str, Path]:
+def write_reports(
+    out_dir: Path, meta: dict, rows: list[dict], runs: list[dict], descriptions: dict[str, str]
+) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     points = theory_points(runs)
-    paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md",
-             "speedup_plot": out_dir / "speedup.png", "theory_plot": out_dir / "theory.png"}
-    paths["json"].write_text(json.dumps({"meta": meta, "summary": rows, "theory": points, "runs": runs}, indent=1))
+    paths = {
+        "json": out_dir / "results.json",
+        "markdown": out_dir / "results.md",
+        "speedup_plot": out_dir / "speedup.png",
+        "theory_plot": out_dir / "theory.png",
+    }
+    paths["json"].write_text(
+        json.dumps({"meta": meta, "summary": rows, "theory": points, "runs": runs}, indent=1)
+    )
     header = f"# specdec bench, {meta['date']}\n\n{meta['machine']}\n\n`{meta['command']}`\n\n"
     paths["markdown"].write_text(header + markdown_table(rows, descriptions))
     plot_speedups(rows, paths["speedup_plot"])

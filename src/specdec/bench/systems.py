@@ -50,8 +50,10 @@ class Runtime:
         runtime = Runtime(target, draft or target)
         for part in (runtime.target, runtime.draft):
             if not is_transformers(part) and part not in GGUF_TYPES:
-                raise ValueError(f"unknown runtime {part!r}: use one of {', '.join(TRANSFORMERS_DTYPES)} "
-                                 f"(transformers) or {', '.join(GGUF_TYPES)} (llama.cpp GGUF types)")
+                raise ValueError(
+                    f"unknown runtime {part!r}: use one of {', '.join(TRANSFORMERS_DTYPES)} "
+                    f"(transformers) or {', '.join(GGUF_TYPES)} (llama.cpp GGUF types)"
+                )
         return runtime
 
 
@@ -93,7 +95,9 @@ class ModelPool:
             if is_transformers(runtime):
                 self._loaded[key] = self._load_hf(role, runtime, self.progress)
             elif self._load_gguf is None:
-                raise ValueError(f"runtime {runtime!r} needs llama.cpp and the catalog's GGUF models")
+                raise ValueError(
+                    f"runtime {runtime!r} needs llama.cpp and the catalog's GGUF models"
+                )
             else:
                 self._loaded[key] = self._load_gguf(role, runtime, self.progress)
         return self._loaded[key]
@@ -103,7 +107,14 @@ class SpecdecSystem:
     """specdec's engine with a given drafter recipe and k; fresh caches per run, while an
     adaptive controller keeps what it learned across runs (as a server's engine would)."""
 
-    def __init__(self, name: str, pool: ModelPool, runtime: Runtime, drafters: Callable[[], list], k: int | str):
+    def __init__(
+        self,
+        name: str,
+        pool: ModelPool,
+        runtime: Runtime,
+        drafters: Callable[[], list],
+        k: int | str,
+    ):
         self.name, self.pool, self.runtime, self.drafters = name, pool, runtime, drafters
         self.spec = SpecConfig(k=k)
         self.controller: AdaptiveK | None = None
@@ -111,11 +122,18 @@ class SpecdecSystem:
     @property
     def needs(self) -> set[tuple[str, str]]:
         return {("target", self.runtime.target)} | (
-            {("draft", self.runtime.draft)} if "model" in self.name.split("@")[0] else set())
+            {("draft", self.runtime.draft)} if "model" in self.name.split("@")[0] else set()
+        )
 
     def run(self, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
         drafters = self.drafters()
-        drafter = None if not drafters else drafters[0] if len(drafters) == 1 else FallbackDrafter(drafters)
+        drafter = (
+            None
+            if not drafters
+            else drafters[0]
+            if len(drafters) == 1
+            else FallbackDrafter(drafters)
+        )
         engine = Engine(self.pool.backend("target", self.runtime.target), drafter)
         engine.controller = self.controller
         started = time.perf_counter()
@@ -130,14 +148,22 @@ class HFGenerateSystem:
     with transformers' default schedules."""
 
     def __init__(self, name: str, pool: ModelPool, runtime: Runtime, **generate_kwargs):
-        self.name, self.pool, self.runtime, self.generate_kwargs = name, pool, runtime, generate_kwargs
+        self.name, self.pool, self.runtime, self.generate_kwargs = (
+            name,
+            pool,
+            runtime,
+            generate_kwargs,
+        )
         if not is_transformers(runtime.target) or not is_transformers(runtime.draft):
-            raise ValueError(f"system {name!r}: transformers generate() needs a transformers runtime")
+            raise ValueError(
+                f"system {name!r}: transformers generate() needs a transformers runtime"
+            )
 
     @property
     def needs(self) -> set[tuple[str, str]]:
         return {("target", self.runtime.target)} | (
-            {("draft", self.runtime.draft)} if self.generate_kwargs.get("assistant") else set())
+            {("draft", self.runtime.draft)} if self.generate_kwargs.get("assistant") else set()
+        )
 
     @torch.inference_mode()
     def run(self, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
@@ -146,20 +172,29 @@ class HFGenerateSystem:
             kwargs["assistant_model"] = self.pool.module("draft", self.runtime.draft)
         target = self.pool.module("target", self.runtime.target)
         input_ids = torch.tensor([prompt_ids])
-        sampling = {"do_sample": False} if params.greedy else {
-            "do_sample": True, "temperature": params.temperature,
-            "top_k": params.top_k or None, "top_p": params.top_p,
-        }
+        sampling = (
+            {"do_sample": False}
+            if params.greedy
+            else {
+                "do_sample": True,
+                "temperature": params.temperature,
+                "top_k": params.top_k or None,
+                "top_p": params.top_p,
+            }
+        )
         if params.seed is not None and not params.greedy:
             torch.manual_seed(params.seed)  # transformers samples from the global RNG
         started = time.perf_counter()
         out = target.generate(
-            input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=params.max_tokens, pad_token_id=self.pool.tokenizer.eos_token_id,
-            **sampling, **kwargs,
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=params.max_tokens,
+            pad_token_id=self.pool.tokenizer.eos_token_id,
+            **sampling,
+            **kwargs,
         )
         seconds = time.perf_counter() - started
-        return RunOutput(out[0, len(prompt_ids):].tolist(), seconds, None)
+        return RunOutput(out[0, len(prompt_ids) :].tolist(), seconds, None)
 
 
 class LlamaCppSystem:
@@ -180,9 +215,15 @@ class LlamaCppSystem:
         llama = model.llama
         started = time.perf_counter()
         token_ids: list[int] = []
-        for token in llama.generate(prompt_ids, temp=params.temperature or 0.0, reset=True,
-                                    top_k=params.top_k or 0, top_p=params.top_p, min_p=0.0,
-                                    repeat_penalty=1.0):
+        for token in llama.generate(
+            prompt_ids,
+            temp=params.temperature or 0.0,
+            reset=True,
+            top_k=params.top_k or 0,
+            top_p=params.top_p,
+            min_p=0.0,
+            repeat_penalty=1.0,
+        ):
             token_ids.append(int(token))
             if int(token) in model.eos_token_ids or len(token_ids) >= params.max_tokens:
                 break
@@ -194,12 +235,28 @@ class LlamaCppSystem:
 PEERS = {
     "hf-generate": ("transformers generate(), target alone", {}),
     "hf-assisted": ("transformers assisted generation, same draft", {"assistant": True}),
-    "hf-lookup": ("transformers prompt lookup (prompt_lookup_num_tokens=10)", {"prompt_lookup_num_tokens": 10}),
+    "hf-lookup": (
+        "transformers prompt lookup (prompt_lookup_num_tokens=10)",
+        {"prompt_lookup_num_tokens": 10},
+    ),
 }
-DRAFTER_NAMES = {"model": "draft model", "lookup": "prompt lookup", "ngram": "n-gram model",
-                 "lookup+model": "prompt lookup else draft model", "lookup+ngram": "prompt lookup else n-gram model"}
-DEFAULT_SYSTEMS = ("plain", "model-k4", "model-auto", "lookup-k4", "lookup+model-auto",
-                   "hf-generate", "hf-assisted", "hf-lookup")
+DRAFTER_NAMES = {
+    "model": "draft model",
+    "lookup": "prompt lookup",
+    "ngram": "n-gram model",
+    "lookup+model": "prompt lookup else draft model",
+    "lookup+ngram": "prompt lookup else n-gram model",
+}
+DEFAULT_SYSTEMS = (
+    "plain",
+    "model-k4",
+    "model-auto",
+    "lookup-k4",
+    "lookup+model-auto",
+    "hf-generate",
+    "hf-assisted",
+    "hf-lookup",
+)
 
 
 def split_name(name: str, default_runtime: str) -> tuple[str, Runtime]:
@@ -215,11 +272,18 @@ def describe(name: str, default_runtime: str = "int8") -> str:
     if base == "plain":
         return "specdec, target alone" + where
     if base == "llamacpp":
-        return f"llama.cpp's own generate loop, the target's GGUF ({runtime.target}), {os.cpu_count()} threads"
+        return (
+            f"llama.cpp's own generate loop, the target's GGUF ({runtime.target}), "
+            f"{os.cpu_count()} threads"
+        )
     if base in PEERS:
         return PEERS[base][0] + where
     drafter, _, k = base.rpartition("-")
-    return f"specdec, {DRAFTER_NAMES[drafter]}, " + ("adaptive k" if k == "auto" else f"k={k[1:]}") + where
+    return (
+        f"specdec, {DRAFTER_NAMES[drafter]}, "
+        + ("adaptive k" if k == "auto" else f"k={k[1:]}")
+        + where
+    )
 
 
 def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "int8"):
@@ -233,17 +297,26 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
     if base in PEERS:
         return HFGenerateSystem(name, pool, runtime, **PEERS[base][1])
     drafter, _, k_text = base.rpartition("-")
-    if drafter not in DRAFTER_NAMES or not (k_text == "auto" or (k_text[:1] == "k" and k_text[1:].isdigit())):
-        raise ValueError(f"unknown system {name!r}; use plain, llamacpp, {', '.join(PEERS)}, or DRAFTER-kN / "
-                         f"DRAFTER-auto with DRAFTER one of {', '.join(DRAFTER_NAMES)}; each may end "
-                         "in @RUNTIME")
+    if drafter not in DRAFTER_NAMES or not (
+        k_text == "auto" or (k_text[:1] == "k" and k_text[1:].isdigit())
+    ):
+        raise ValueError(
+            f"unknown system {name!r}; use plain, llamacpp, {', '.join(PEERS)}, or DRAFTER-kN / "
+            f"DRAFTER-auto with DRAFTER one of {', '.join(DRAFTER_NAMES)}; each may end "
+            "in @RUNTIME"
+        )
     if "ngram" in drafter and ngram is None:
-        raise ValueError(f"system {name!r} needs --ngram-model (make one with 'specdec ngram build')")
+        raise ValueError(
+            f"system {name!r} needs --ngram-model (make one with 'specdec ngram build')"
+        )
     k = "auto" if k_text == "auto" else int(k_text[1:])
 
     def drafters():
-        made = {"model": lambda: ModelDrafter(pool.backend("draft", runtime.draft)),
-                "lookup": PromptLookupDrafter, "ngram": lambda: NGramDrafter(ngram)}
+        made = {
+            "model": lambda: ModelDrafter(pool.backend("draft", runtime.draft)),
+            "lookup": PromptLookupDrafter,
+            "ngram": lambda: NGramDrafter(ngram),
+        }
         return [made[part]() for part in drafter.split("+")]
 
     return SpecdecSystem(name, pool, runtime, drafters, k)

@@ -27,15 +27,29 @@ def char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
 
 
-def tiny_llama(seed: int, vocab: int = VOCAB, layers: int = 2, init: float = 0.5,
-               eos: int | None = EOS_ID, max_positions: int = 256):
+def tiny_llama(
+    seed: int,
+    vocab: int = VOCAB,
+    layers: int = 2,
+    init: float = 0.5,
+    eos: int | None = EOS_ID,
+    max_positions: int = 256,
+):
     """A random float32 Llama with a 32-wide hidden state."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-        initializer_range=init, eos_token_id=eos, bos_token_id=None, pad_token_id=None,
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        initializer_range=init,
+        eos_token_id=eos,
+        bos_token_id=None,
+        pad_token_id=None,
         tie_word_embeddings=False,
     )
     state = torch.random.get_rng_state()

@@ -6,5 +6,12 @@ from specdec.drafters.lookup import PromptLookupDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter, NGramModel
 
-__all__ = ["Drafter", "FallbackDrafter", "ModelDrafter", "NGramDrafter", "NGramModel",
-           "PromptLookupDrafter", "Proposal"]
+__all__ = [
+    "Drafter",
+    "FallbackDrafter",
+    "ModelDrafter",
+    "NGramDrafter",
+    "NGramModel",
+    "PromptLookupDrafter",
+    "Proposal",
+]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from specdec.sampling import Sampler
-
 
 KeepGoing = Callable[[list[float]], bool]
 
@@ -39,8 +38,13 @@ class Drafter(Protocol):
         fills it here, so that drafting costs (which steer adaptive k) exclude it."""
         ...
 
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
-                keep_going: KeepGoing | None = None) -> Proposal:
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampler: Sampler | None = None,
+        keep_going: KeepGoing | None = None,
+    ) -> Proposal:
         """Draft at most k tokens following ``context`` (prompt + accepted output).
 
         A drafter that drafts token by token may call ``keep_going(confidences)`` after each

@@ -28,8 +28,13 @@ class FallbackDrafter:
         for drafter in self.drafters:
             drafter.prepare(context)
 
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
-                keep_going: KeepGoing | None = None) -> Proposal:
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampler: Sampler | None = None,
+        keep_going: KeepGoing | None = None,
+    ) -> Proposal:
         proposal = Proposal([], drafter=self.name)
         for drafter in self.drafters:
             proposal = drafter.propose(context, k, sampler, keep_going)

@@ -38,8 +38,13 @@ class PromptLookupDrafter:
     def prepare(self, context: Sequence[int]) -> None:
         self._sync(context)
 
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
-                keep_going: KeepGoing | None = None) -> Proposal:
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampler: Sampler | None = None,
+        keep_going: KeepGoing | None = None,
+    ) -> Proposal:
         if k <= 0:
             return Proposal([], drafter=self.name)
         self._sync(context)

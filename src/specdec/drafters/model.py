@@ -32,8 +32,13 @@ class ModelDrafter:
     def prepare(self, context: Sequence[int]) -> None:
         sync_cache(self.backend, list(context[:-1]))  # the last token is fed by the first propose
 
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
-                keep_going: KeepGoing | None = None) -> Proposal:
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampler: Sampler | None = None,
+        keep_going: KeepGoing | None = None,
+    ) -> Proposal:
         assert len(context) > 0, "drafting needs a context"
         sampler = sampler or Sampler(_GREEDY)
         if self.backend.max_length is not None:
@@ -59,8 +64,12 @@ class ModelDrafter:
             if len(token_ids) == k:
                 break
             logits = self.backend.forward([token_id], last_only=True)[-1]
-        return Proposal(token_ids, torch.stack(probs) if probs else None, self.name,
-                        confidences if keep_going is not None else None)
+        return Proposal(
+            token_ids,
+            torch.stack(probs) if probs else None,
+            self.name,
+            confidences if keep_going is not None else None,
+        )
 
 
 def _confidence(logits: torch.Tensor, token_id: int, probs: torch.Tensor | None) -> float:

@@ -26,18 +26,30 @@ class NGramModel:
     """Counts of next tokens after each context of 0 .. order-1 tokens; stupid-backoff style:
     the longest context seen in training decides the distribution."""
 
-    def __init__(self, order: int, vocab_size: int, counts: dict[tuple[int, ...], Counter] | None = None,
-                 tokenizer_name: str = ""):
+    def __init__(
+        self,
+        order: int,
+        vocab_size: int,
+        counts: dict[tuple[int, ...], Counter] | None = None,
+        tokenizer_name: str = "",
+    ):
         if order < 2:
             raise ValueError(f"order must be >= 2 (2 = bigram), got {order}")
         self.order = order
         self.vocab_size = vocab_size
         self.tokenizer_name = tokenizer_name
-        self.counts: dict[tuple[int, ...], Counter] = counts if counts is not None else defaultdict(Counter)
+        self.counts: dict[tuple[int, ...], Counter] = (
+            counts if counts is not None else defaultdict(Counter)
+        )
 
     @classmethod
-    def build(cls, sequences: Iterable[Sequence[int]], order: int, vocab_size: int,
-              tokenizer_name: str = "") -> NGramModel:
+    def build(
+        cls,
+        sequences: Iterable[Sequence[int]],
+        order: int,
+        vocab_size: int,
+        tokenizer_name: str = "",
+    ) -> NGramModel:
         model = cls(order, vocab_size, tokenizer_name=tokenizer_name)
         for sequence in sequences:
             tokens = [int(t) for t in sequence]
@@ -64,10 +76,17 @@ class NGramModel:
         return probs / probs.sum()
 
     def save(self, path: str | Path) -> None:
-        rows = [[list(context), {str(t): c for t, c in counter.items()}]
-                for context, counter in self.counts.items()]
-        payload = {"format": FORMAT, "order": self.order, "vocab_size": self.vocab_size,
-                   "tokenizer": self.tokenizer_name, "counts": rows}
+        rows = [
+            [list(context), {str(t): c for t, c in counter.items()}]
+            for context, counter in self.counts.items()
+        ]
+        payload = {
+            "format": FORMAT,
+            "order": self.order,
+            "vocab_size": self.vocab_size,
+            "tokenizer": self.tokenizer_name,
+            "counts": rows,
+        }
         Path(path).write_text(json.dumps(payload))
 
     @classmethod
@@ -77,9 +96,13 @@ class NGramModel:
         except (OSError, ValueError) as error:
             raise ValueError(f"cannot read n-gram model {path}: {error}") from None
         if payload.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a specdec n-gram model (format {payload.get('format')!r})")
-        counts = {tuple(context): Counter({int(t): c for t, c in counter.items()})
-                  for context, counter in payload["counts"]}
+            raise ValueError(
+                f"{path} is not a specdec n-gram model (format {payload.get('format')!r})"
+            )
+        counts = {
+            tuple(context): Counter({int(t): c for t, c in counter.items()})
+            for context, counter in payload["counts"]
+        }
         return cls(payload["order"], payload["vocab_size"], counts, payload.get("tokenizer", ""))
 
 
@@ -93,8 +116,13 @@ class NGramDrafter:
     def prepare(self, context: Sequence[int]) -> None:
         pass  # nothing to precompute
 
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None,
-                keep_going: KeepGoing | None = None) -> Proposal:
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampler: Sampler | None = None,
+        keep_going: KeepGoing | None = None,
+    ) -> Proposal:
         sampler = sampler or Sampler(_GREEDY)
         history = list(context[-(self.model.order - 1) :]) if self.model.order > 1 else []
         token_ids: list[int] = []

@@ -17,17 +17,31 @@ class ServerMetrics:
         self.drafted = Counter("specdec_drafted_tokens", "draft tokens proposed", registry=r)
         self.accepted = Counter("specdec_accepted_tokens", "draft tokens accepted", registry=r)
         self.generated = Counter("specdec_generated_tokens", "tokens generated", registry=r)
-        self.acceptance_rate = Gauge("specdec_acceptance_rate", "accepted / drafted since start", registry=r)
+        self.acceptance_rate = Gauge(
+            "specdec_acceptance_rate", "accepted / drafted since start", registry=r
+        )
         self.mean_accepted_length = Histogram(
-            "specdec_mean_accepted_length", "tokens per round per request (incl. the target's own)",
-            buckets=(1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10), registry=r)
+            "specdec_mean_accepted_length",
+            "tokens per round per request (incl. the target's own)",
+            buckets=(1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10),
+            registry=r,
+        )
         self.seconds = Counter("specdec_seconds", "time by phase", ["phase"], registry=r)
-        self.latency = Histogram("specdec_request_latency_seconds", "request latency", buckets=_SECONDS, registry=r)
-        self.ttft = Histogram("specdec_time_to_first_token_seconds", "time to first token",
-                              buckets=_SECONDS, registry=r)
+        self.latency = Histogram(
+            "specdec_request_latency_seconds", "request latency", buckets=_SECONDS, registry=r
+        )
+        self.ttft = Histogram(
+            "specdec_time_to_first_token_seconds",
+            "time to first token",
+            buckets=_SECONDS,
+            registry=r,
+        )
         self.tokens_per_second = Histogram(
-            "specdec_tokens_per_second", "tokens/s per request",
-            buckets=(1, 2, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256), registry=r)
+            "specdec_tokens_per_second",
+            "tokens/s per request",
+            buckets=(1, 2, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256),
+            registry=r,
+        )
         self.queue_length = Gauge("specdec_queue_length", "requests waiting for a slot", registry=r)
         self.active = Gauge("specdec_active_requests", "requests being decoded", registry=r)
 
@@ -40,8 +54,12 @@ class ServerMetrics:
             self.acceptance_rate.set(self.accepted._value.get() / drafted)
         if stats.rounds:
             self.mean_accepted_length.observe(stats.mean_accepted_length)
-        for phase, value in (("prefill", stats.prefill_seconds), ("drafter", stats.drafter_seconds),
-                             ("target", stats.target_seconds), ("overhead", stats.overhead_seconds)):
+        for phase, value in (
+            ("prefill", stats.prefill_seconds),
+            ("drafter", stats.drafter_seconds),
+            ("target", stats.target_seconds),
+            ("overhead", stats.overhead_seconds),
+        ):
             self.seconds.labels(phase).inc(value)
         self.latency.observe(latency)
         if ttft is not None:

@@ -48,8 +48,15 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, target_model, tokenizer, draft_model=None, max_active: int = 4,
-                 max_queue: int = 16, on_queue_change: Callable[[int, int], None] | None = None):
+    def __init__(
+        self,
+        target_model,
+        tokenizer,
+        draft_model=None,
+        max_active: int = 4,
+        max_queue: int = 16,
+        on_queue_change: Callable[[int, int], None] | None = None,
+    ):
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.max_active, self.max_queue = max_active, max_queue
         self.on_queue_change = on_queue_change or (lambda waiting, active: None)
@@ -82,8 +89,10 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self._wake:
             if self._admitted >= self.max_active + self.max_queue:
-                raise QueueFull(f"{self.max_active} requests are decoding and {len(self._pending)} "
-                                "waiting; try again later")
+                raise QueueFull(
+                    f"{self.max_active} requests are decoding and {len(self._pending)} "
+                    "waiting; try again later"
+                )
             self._admitted += 1
             self._pending.append(job)
             self._wake.notify()
