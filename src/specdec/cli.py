@@ -432,6 +432,7 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
     from specdec.backends.compat import check_same_vocabulary
     from specdec.cli_output import progress_bar
     from specdec.drafters import (
+        Drafter,
         FallbackDrafter,
         ModelDrafter,
         NGramDrafter,
@@ -452,7 +453,7 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
         )
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
-        drafters = []
+        drafters: list[Drafter] = []
         for kind in kinds if args.k != 0 else []:
             if kind == "model":
                 draft = load_backend(

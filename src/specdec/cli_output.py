@@ -8,7 +8,14 @@ import sys
 from collections.abc import Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -44,7 +51,7 @@ def progress_bar() -> Iterator:
         console=console,
         transient=False,
     ) as bars:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def update(step: str, done: int, total: int) -> None:
             if step not in tasks:

@@ -139,6 +139,7 @@ class _Run:
             self.controller = engine.controller
             self.k = spec.max_k
         else:
+            assert isinstance(spec.k, int), "a fixed k is an int ('auto' is adaptive)"
             self.k = spec.k
         self.sampler = Sampler(params)
         self.detokenizer = detokenizer
@@ -199,6 +200,7 @@ class _Run:
             k = min(k, self.target.max_length - len(self.context) - 1)
         if k <= 0:
             return Proposal([]), 0.0
+        assert self.drafter is not None, "k > 0 only with a drafter"
         keep_going = self.controller.keep_going if self.controller is not None else None
         started = time.perf_counter()
         proposal = self.drafter.propose(self.context, k, self.sampler, keep_going)

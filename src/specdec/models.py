@@ -255,14 +255,15 @@ def ensure_gguf_type(
     if gguf_type not in GGUF_TYPES:
         raise ValueError(f"GGUF type must be one of {', '.join(GGUF_TYPES)}, got {gguf_type!r}")
     source = ensure_gguf(entry, root, progress)
-    if GGUF_TYPES[gguf_type] is None:
+    ftype_name = GGUF_TYPES[gguf_type]
+    if ftype_name is None:
         return source
     target = source.with_name(f"{source.stem}.{gguf_type}.gguf")
     if target.is_file():
         return target  # written under a temporary name and renamed when whole
     with _lock(target.with_suffix(".lock")):
         if not target.is_file():
-            _requantize(source, target, GGUF_TYPES[gguf_type], progress)
+            _requantize(source, target, ftype_name, progress)
     return target
 
 
@@ -329,12 +330,12 @@ def _convert(entry: CatalogEntry, gguf: Path, out_dir: Path) -> None:
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
     # The weights are plain float32 now; saving must not claim they are still GGUF-quantized.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # declared non-optional, cleared on purpose
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in entry.eos_tokens]
-    model.generation_config.eos_token_id = [i for i in eos_ids if i is not None and i >= 0]
+    model.generation_config.eos_token_id = [i for i in eos_ids if isinstance(i, int) and i >= 0]
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
 

@@ -57,6 +57,7 @@ class HFModel:
         if n == 0:
             self._cache = None  # an empty cache is a new one; cropping to zero is not needed
         else:
+            assert self._cache is not None, "cached tokens imply a cache"
             self._cache.crop(-drop)  # transformers 5.x: a negative count removes from the end
         del self._cached_ids[n:]
 

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 ATTENTION = "specdec_row_invariant_sdpa"
 
@@ -91,7 +92,7 @@ def _register_attention() -> None:
     AttentionInterface.register(ATTENTION, row_invariant_sdpa)
 
 
-def make_int8_batch_invariant(model: nn.Module, progress=None) -> nn.Module:
+def make_int8_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrainedModel:
     """Swap every nn.Linear (lm_head included) for RowInt8Linear and use row attention.
 
     The model must be float32 on the CPU; it is changed in place and returned. Quantizing

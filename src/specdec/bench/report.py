@@ -67,7 +67,7 @@ def theory_points(runs: list[dict]) -> list[dict]:
         ):
             continue
         drafting = {int(k): n for k, n in stats["k_per_round"].items() if k != "0"}
-        k = max(drafting, key=drafting.get)
+        k = max(drafting, key=lambda size: drafting[size])
         if drafting[k] < 0.8 * sum(drafting.values()):
             continue  # adaptive k: no single k for the formula (rounds cut by max_tokens aside)
         c = stats["drafter_seconds"] / stats["drafted_tokens"] / step

@@ -13,13 +13,20 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from specdec.backends.hf import HFModel
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK
-from specdec.drafters import FallbackDrafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
+from specdec.drafters import (
+    Drafter,
+    FallbackDrafter,
+    ModelDrafter,
+    NGramDrafter,
+    PromptLookupDrafter,
+)
 from specdec.engine import Engine
 from specdec.models import GGUF_TYPES
 
@@ -232,7 +239,7 @@ class LlamaCppSystem:
         return RunOutput(token_ids, seconds, None)
 
 
-PEERS = {
+PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "hf-generate": ("transformers generate(), target alone", {}),
     "hf-assisted": ("transformers assisted generation, same draft", {"assistant": True}),
     "hf-lookup": (
@@ -312,7 +319,7 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
     k = "auto" if k_text == "auto" else int(k_text[1:])
 
     def drafters():
-        made = {
+        made: dict[str, Callable[[], Drafter]] = {
             "model": lambda: ModelDrafter(pool.backend("draft", runtime.draft)),
             "lookup": PromptLookupDrafter,
             "ngram": lambda: NGramDrafter(ngram),

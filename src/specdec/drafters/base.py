@@ -31,7 +31,11 @@ class Proposal:
 @runtime_checkable
 class Drafter(Protocol):
     name: str
-    vocab_size: int | None  # None: the drafter works on any vocabulary (e.g. lookup)
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Width of ``draft_probs`` rows; None: works on any vocabulary (e.g. lookup)."""
+        ...
 
     def prepare(self, context: Sequence[int]) -> None:
         """Called once per request with the prompt, during prefill: a drafter with a cache

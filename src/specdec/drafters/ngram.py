@@ -136,6 +136,7 @@ class NGramDrafter:
             else:
                 # log(0) = -inf keeps unseen tokens impossible through any filter.
                 token_id, token_probs = sampler.pick(torch.log(self.model.probs(history)))
+                assert token_probs is not None, "sampling returns the distribution it drew from"
                 probs.append(token_probs)
             token_ids.append(token_id)
             history = (history + [token_id])[-(self.model.order - 1) :]

@@ -60,10 +60,12 @@ def create_app(
 ) -> FastAPI:
     app = FastAPI(title="specdec", description="OpenAI-compatible speculative decoding server")
     metrics = ServerMetrics()
-    scheduler.on_queue_change = lambda waiting, active: (
-        metrics.queue_length.set(waiting),
-        metrics.active.set(active),
-    )
+
+    def on_queue_change(waiting: int, active: int) -> None:
+        metrics.queue_length.set(waiting)
+        metrics.active.set(active)
+
+    scheduler.on_queue_change = on_queue_change
     app.state.scheduler, app.state.metrics = scheduler, metrics
 
     @app.exception_handler(ApiError)
@@ -100,7 +102,7 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        prompt_ids = _encode(lambda: encode_prompt(scheduler.tokenizer, body.prompt, "raw"))
+        prompt_ids = _encode(lambda: encode_prompt(scheduler.tokenizer, body.prompt_text(), "raw"))
         return await _serve(body, prompt_ids, chat=False)
 
     @app.post("/v1/chat/completions")

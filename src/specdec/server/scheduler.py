@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from specdec.backends.hf import HFModel
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK
-from specdec.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter
+from specdec.drafters import Drafter, FallbackDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.engine import Chunk, Engine
 
 END = None  # marks the end of a job's output queue
@@ -124,7 +124,7 @@ class Scheduler:
         return engine.stream(job.prompt_ids, job.params, job.spec)
 
     def _drafter(self, kind: str):
-        members = []
+        members: list[Drafter] = []
         for part in [] if kind == "none" else kind.split("+"):
             if part == "lookup":
                 members.append(PromptLookupDrafter())

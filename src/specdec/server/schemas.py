@@ -48,6 +48,11 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     prompt: str | list[str]
 
+    def prompt_text(self) -> str:
+        """The one prompt (the validator has unwrapped a one-element list)."""
+        assert isinstance(self.prompt, str), "validated to one string"
+        return self.prompt
+
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, value):
