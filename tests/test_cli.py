@@ -350,3 +350,19 @@ def test_draft_runtime_auto_prefers_llamacpp_for_catalog_drafts_when_installed()
         draft_runtime("auto", "/models/my-draft") == "transformers"
     )  # a directory: transformers only
     assert draft_runtime("transformers", "qwen2.5-coder-0.5b-instruct") == "transformers"
+
+
+def test_a_seeded_sampled_run_reproduces_and_compares_identical(model_dirs, capsys):
+    """The reproducibility contract through the CLI: -k auto, temperature 0.8, a seed."""
+    target, draft = model_dirs
+    args = ["generate", "hello", "--target", str(target), "--draft", str(draft)]
+    args += ["--temperature", "0.8", "--top-k", "12", "--seed", "5", "--max-tokens", "24"]
+    args += ["--dtype", "float32", "--json", "--compare"]
+    runs = []
+    for _ in range(2):
+        assert main(args) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    assert runs[0]["token_ids"] == runs[1]["token_ids"]
+    assert runs[0]["compare"]["identical"] is True
+    assert main([*args, "--verification", "rejection"]) == 0
+    assert json.loads(capsys.readouterr().out)["compare"]["identical"] is None

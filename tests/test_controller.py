@@ -101,19 +101,24 @@ def test_auto_k_greedy_equals_plain_and_records_its_choices(pair):
     assert engine.controller is not None and engine.controller.pass_seconds
 
 
-def test_auto_k_sampling_is_exact(pair):
+@pytest.mark.parametrize("verification", ["rejection", "coupled"])
+def test_auto_k_sampling_is_exact(pair, verification):
+    """Adaptive k changes how many draws a round makes; every position must still follow
+    the target (all three generated tokens counted, the bonus included)."""
+    from test_engine_statistical import marginals
+
     target, draft = pair
     prompt = [3, 1, 4, 1, 5]
     params = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
     engine = Engine(backend(target), ModelDrafter(backend(draft)))
-    counts = np.zeros(VOCAB)
+    counts = np.zeros((3, VOCAB))
+    spec = SpecConfig(k="auto", max_k=4, verification=verification)
     for seed in range(1500):
-        out = engine.generate(prompt, replace(params, seed=seed), SpecConfig(k="auto", max_k=4))
-        counts[out.token_ids[1]] += 1
-    from test_engine_statistical import PROMPT, second_token_marginal
-
-    assert prompt == PROMPT
-    assert_same_distribution(counts, second_token_marginal(target, params))
+        out = engine.generate(prompt, replace(params, seed=seed), spec)
+        for position, token_id in enumerate(out.token_ids):
+            counts[position, token_id] += 1
+    for position, expected in enumerate(marginals(target, prompt, params)):
+        assert_same_distribution(counts[position], expected)
 
 
 @pytest.mark.parametrize("value", ["fast", -1, 2.5])

@@ -1,15 +1,12 @@
 """Prompt lookup, n-gram and fallback drafters: hand-built contexts, exactness through the
 engine."""
 
-from dataclasses import replace
-
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import VOCAB, assert_same_distribution, backend, tiny_llama
+from helpers import VOCAB, backend, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.drafters import (
     FallbackDrafter,
@@ -175,31 +172,15 @@ def test_stats_name_the_drafter_of_each_round(target_model, drafter_kinds):
     assert sum(d["accepted"] for d in by_drafter.values()) == out.stats.accepted_tokens
 
 
-PROMPT = [3, 1, 4, 1, 5, 3, 1, 4]
-DRAWS = 1500
-
-
-def second_token_marginal(model, params):
-    from specdec.sampling import logits_to_probs
-
-    with torch.inference_mode():
-        first = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1], params)
-        second = logits_to_probs(
-            model(torch.tensor([PROMPT + [x] for x in range(VOCAB)])).logits[:, -1], params
-        )
-    return (first @ second).numpy()
-
-
-@pytest.mark.parametrize("kind", ["lookup", "ngram"])
-def test_sampling_through_the_engine_is_exact_for_each_drafter(drafter_kinds, kind):
-    target = tiny_llama(seed=10, init=0.3)
-    params = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
-    engine = Engine(backend(target), drafter_kinds[kind]())
-    counts = np.zeros(VOCAB)
-    drafted = 0
-    for seed in range(DRAWS):
-        out = engine.generate(PROMPT, replace(params, seed=seed), SpecConfig(k=3))
-        counts[out.token_ids[1]] += 1
-        drafted += out.stats.drafted_tokens
-    assert drafted > DRAWS, "the drafter must actually propose"
-    assert_same_distribution(counts, second_token_marginal(target, params))
+def test_a_prompt_longer_than_the_drafts_window_decodes_plainly(target_model):
+    """A draft whose context is shorter than the target's (llama.cpp's n_ctx) declines to
+    draft past it instead of failing: the output is still the target's."""
+    short_draft = tiny_llama(seed=0, max_positions=16)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompt = [(7 * i) % VOCAB for i in range(20)]
+    expected = Engine(backend(target_model)).generate(prompt, params)
+    out = Engine(backend(target_model), ModelDrafter(backend(short_draft))).generate(
+        prompt, params, SpecConfig(k=4)
+    )
+    assert out.token_ids == expected.token_ids
+    assert out.stats.drafted_tokens == 0

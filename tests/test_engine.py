@@ -1,10 +1,12 @@
 """Engine behaviour: text and stop strings, streaming, determinism, bad input."""
 
+from dataclasses import replace
+
 import pytest
 
 from helpers import EOS_ID, backend, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.drafters import ModelDrafter
+from specdec.drafters import ModelDrafter, PromptLookupDrafter
 
 
 @pytest.fixture(scope="module")
@@ -73,17 +75,52 @@ def test_eos_ends_with_stop(engine, tokenizer, target_model):
     assert out.finish_reason == "stop" and out.token_ids[-1] == reference.token_ids[5]
 
 
-def test_same_seed_same_output(engine, tokenizer):
-    params = SamplingParams(max_tokens=30, temperature=0.9, top_k=10, seed=1234, ignore_eos=True)
-    first = engine.generate(tokenizer.encode("seed"), params, SpecConfig(k=4))
-    second = engine.generate(tokenizer.encode("seed"), params, SpecConfig(k=4))
-    other = engine.generate(
-        tokenizer.encode("seed"),
-        SamplingParams(max_tokens=30, temperature=0.9, top_k=10, seed=4321, ignore_eos=True),
-        SpecConfig(k=4),
-    )
+SAMPLED = SamplingParams(max_tokens=30, temperature=0.9, top_k=10, seed=1234, ignore_eos=True)
+
+
+def test_a_seeded_request_gives_plain_decodings_output_whatever_k_and_the_drafter(
+    engine, plain, tokenizer, draft_model
+):
+    """The reproducibility contract: with a seed, sampling is coupled by default and the
+    output is plain decoding's with that seed, for any k, k=auto and any drafter."""
+    prompt = tokenizer.encode("seed")
+    reference = plain.generate(prompt, SAMPLED).token_ids
+    lookup_engine = Engine(plain.target, PromptLookupDrafter())
+    for spec in (SpecConfig(k=1), SpecConfig(k=4), SpecConfig(k=8), SpecConfig(k="auto")):
+        out = engine.generate(prompt, SAMPLED, spec)
+        assert out.token_ids == reference, spec
+        assert lookup_engine.generate(prompt, SAMPLED, spec).token_ids == reference, spec
+    assert out.stats.accepted_tokens > 0, "drafts were accepted on the way"
+    other = plain.generate(prompt, replace(SAMPLED, seed=4321)).token_ids
+    assert other != reference
+
+
+def test_adaptive_k_state_does_not_change_a_seeded_output(engine, tokenizer):
+    """k=auto learns from every request (and from wall-clock costs); a seeded request still
+    gives the same text before and after other traffic."""
+    prompt = tokenizer.encode("again")
+    first = engine.generate(prompt, SAMPLED, SpecConfig(k="auto"))
+    for seed, text in enumerate(["other traffic", "more of it", "x" * 20]):
+        engine.generate(tokenizer.encode(text), replace(SAMPLED, seed=seed), SpecConfig("auto"))
+    engine.controller.draft_step_seconds = 10.0  # as if drafting had become very slow
+    second = engine.generate(prompt, SAMPLED, SpecConfig(k="auto"))
     assert first.token_ids == second.token_ids
-    assert first.token_ids != other.token_ids
+
+
+def test_rejection_verification_is_deterministic_for_a_fixed_k(engine, tokenizer):
+    params = replace(SAMPLED, seed=99)
+    spec = SpecConfig(k=4, verification="rejection")
+    first = engine.generate(tokenizer.encode("seed"), params, spec)
+    second = engine.generate(tokenizer.encode("seed"), params, spec)
+    assert first.token_ids == second.token_ids
+
+
+def test_a_tiny_temperature_is_near_greedy_not_a_crash(engine, plain, tokenizer):
+    prompt = tokenizer.encode("tiny")
+    greedy = plain.generate(prompt, GREEDY).token_ids
+    for temperature in (1e-40, 1e-30, 1e-8):
+        params = replace(GREEDY, temperature=temperature, seed=1)
+        assert engine.generate(prompt, params, SpecConfig(k=4)).token_ids == greedy
 
 
 def test_stats_add_up(engine, tokenizer):
@@ -124,6 +161,7 @@ class TestBadInput:
         [
             ({"k": -1}, "k"),
             ({"k": 1.5}, "k"),
+            ({"verification": "typical"}, "verification"),
         ],
     )
     def test_spec_config(self, kwargs, name):
@@ -135,6 +173,10 @@ class TestBadInput:
         [
             ({"temperature": -0.1}, "temperature"),
             ({"temperature": float("nan")}, "temperature"),
+            ({"temperature": float("inf")}, "temperature"),
+            ({"temperature": True}, "temperature"),
+            ({"seed": 2**64}, "seed"),
+            ({"seed": -(2**63) - 1}, "seed"),
             ({"top_p": 0.0}, "top_p"),
             ({"top_p": 1.5}, "top_p"),
             ({"max_tokens": 0}, "max_tokens"),

@@ -84,5 +84,5 @@ def test_engine_reuses_a_cached_prefix_and_stays_exact(engines):
     # Same prompt again, then a prompt that shares a prefix: caches are reused and cut back.
     again = speculative.generate(PROMPTS["long"], params, SpecConfig(k=4))
     other = speculative.generate(PROMPTS["long"][:25], params, SpecConfig(k=3))
-    assert first.token_ids == again.token_ids
+    assert first.token_ids == again.token_ids == plain.generate(PROMPTS["long"], params).token_ids
     assert other.token_ids == plain.generate(PROMPTS["long"][:25], params).token_ids

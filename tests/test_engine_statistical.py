@@ -1,77 +1,191 @@
-"""Statistical exactness through the whole engine, with two different tiny transformers.
+"""Statistical exactness through the whole engine, every drafter, both verifications.
 
-The target's exact marginal of the 2nd generated token is computed by enumerating the 1st:
-P(t2 = y) = sum_x P(t1 = x) P(t2 = y | t1 = x). The engine, drafting k = 2 per round with
-max_tokens = 3, reaches the 2nd token by every path: accepted draft, recovered token after a
-rejection, bonus token after full acceptance, or a later round.
+Two different tiny transformers (the draft a perturbed copy of the target). The target's
+exact marginals of the first three generated tokens are computed by enumeration:
+P(t3 = z) = sum_{x, y} P(x) P(y | x) P(z | x, y). The engine drafts k = 2 with
+max_tokens = 3, so the first round can emit all three tokens and the third is then the
+bonus token: positions 0, 1 and 2 are reached by every path (accepted draft, recovered
+token, bonus token, a later round) and all three are counted.
+
+Sample size: with DRAWS = 2,000 requests per case and V = 32 cells (df <= 31), the
+chi-square test at 1e-4 rejects with probability >= 0.99 whenever the emitted distribution
+is off by Cohen's effect size w = sqrt(sum (mutant - target)^2 / target) >= 0.2 (noncentral
+chi-square, lambda = DRAWS * w^2 = 80, power 0.991;
+``test_the_sample_size_detects_the_stated_effect``
+recomputes it). The verifier-level tests (``test_verify_statistical.py``) carry the power
+calculation against each classic bug; here ``test_a_wrong_bonus_row_is_caught`` injects one
+of them into the engine and requires the check to fail.
 """
+
+from __future__ import annotations
 
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
-from helpers import VOCAB, assert_same_distribution, backend, perturbed_copy, tiny_llama
+import specdec.engine
+from helpers import (
+    SIGNIFICANCE,
+    VOCAB,
+    assert_same_distribution,
+    backend,
+    perturbed_copy,
+    tiny_llama,
+)
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.drafters import ModelDrafter
+from specdec.drafters import (
+    FallbackDrafter,
+    ModelDrafter,
+    NGramDrafter,
+    NGramModel,
+    PromptLookupDrafter,
+)
 from specdec.sampling import logits_to_probs
+from specdec.verify import verify_stochastic
 
-PROMPT = [3, 1, 4, 1, 5]
+START = [3, 1, 4, 1, 5]
 DRAWS = 2000
+POSITIONS = 3
+EFFECT = 0.2
+
+SETTINGS = {
+    "temperature 1": SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True),
+    "temperature 0.7, top-k 5": SamplingParams(
+        temperature=0.7, top_k=5, max_tokens=3, ignore_eos=True
+    ),
+    "temperature 0.8, top-p 0.9": SamplingParams(
+        temperature=0.8, top_p=0.9, max_tokens=3, ignore_eos=True
+    ),
+    "temperature 0.7, top-k 8, top-p 0.9": SamplingParams(
+        temperature=0.7, top_k=8, top_p=0.9, max_tokens=3, ignore_eos=True
+    ),
+}
 
 
-def second_token_marginal(model, params: SamplingParams) -> np.ndarray:
+def marginals(model, prompt: list[int], params: SamplingParams) -> list[np.ndarray]:
+    """The target's exact distribution of generated tokens 1, 2 and 3."""
     with torch.inference_mode():
-        first = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1], params)
-        continuations = torch.tensor([PROMPT + [x] for x in range(VOCAB)])
-        second = logits_to_probs(model(continuations).logits[:, -1], params)  # [vocab, vocab]
-    return (first @ second).numpy()
+        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)
+        pairs = torch.tensor([prompt + [x] for x in range(VOCAB)])
+        second = logits_to_probs(model(pairs).logits[:, -1], params)  # [x, y]
+        triples = torch.tensor([prompt + [x, y] for x in range(VOCAB) for y in range(VOCAB)])
+        third = logits_to_probs(model(triples).logits[:, -1], params)  # [x * V + y, z]
+    joint_xy = (first[:, None] * second).reshape(-1)  # P(x, y)
+    return [first.numpy(), (first @ second).numpy(), (joint_xy @ third).numpy()]
 
 
 @pytest.fixture(scope="module")
 def pair():
     target = tiny_llama(seed=10, init=0.3)
-    draft = perturbed_copy(target, noise=0.05, seed=11)
-    return target, draft
-
-
-SETTINGS = {
-    "temperature 1": SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True),
-    "temperature 0.8 top-p 0.9": SamplingParams(
-        temperature=0.8, top_p=0.9, max_tokens=3, ignore_eos=True
-    ),
-}
+    return target, perturbed_copy(target, noise=0.05, seed=11)
 
 
 @pytest.fixture(scope="module")
-def sampled(pair):
-    """Counts of the 2nd token over DRAWS seeded requests, per setting, and the acceptance."""
+def prompt(pair):
+    """START, the target's greedy continuation of it, START again: prompt lookup then
+    proposes that continuation, which the target finds likely (drafts get accepted)."""
+    greedy = Engine(backend(pair[0])).generate(START, SamplingParams(temperature=0, max_tokens=4))
+    return START + greedy.token_ids + START
+
+
+@pytest.fixture(scope="module")
+def make_drafter(pair, prompt):
     target, draft = pair
-    engine = Engine(backend(target), ModelDrafter(backend(draft)))
-    results = {}
-    for name, params in SETTINGS.items():
-        counts = np.zeros(VOCAB)
-        accepted = drafted = 0
-        for seed in range(DRAWS):
-            out = engine.generate(PROMPT, replace(params, seed=seed), SpecConfig(k=3))
-            counts[out.token_ids[1]] += 1
-            accepted += out.stats.accepted_tokens
-            drafted += out.stats.drafted_tokens
-        results[name] = counts, accepted / drafted
-    return results
+    # An n-gram model built from the target's own samples after the prompt: its drafts are
+    # plausible to the target, often but not always accepted.
+    params = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
+    corpus = [
+        prompt + Engine(backend(target)).generate(prompt, replace(params, seed=s)).token_ids
+        for s in range(30)
+    ]
+    ngram = NGramModel.build(corpus, order=3, vocab_size=VOCAB)
+    return {
+        "model": lambda: ModelDrafter(backend(draft)),
+        "lookup": PromptLookupDrafter,
+        "ngram": lambda: NGramDrafter(ngram),
+        "lookup+model": lambda: FallbackDrafter(
+            [PromptLookupDrafter(), ModelDrafter(backend(draft))]
+        ),
+    }
 
 
-@pytest.mark.parametrize("name", list(SETTINGS))
-def test_second_token_follows_the_target_marginal(pair, sampled, name):
-    counts, acceptance_rate = sampled[name]
-    assert 0.2 < acceptance_rate < 0.95, "both acceptance and rejection must be exercised"
-    assert_same_distribution(counts, second_token_marginal(pair[0], SETTINGS[name]))
+def sample_positions(engine: Engine, prompt, params: SamplingParams, verification: str):
+    """Counts of generated tokens 1..3 over DRAWS seeded requests, and the stats."""
+    counts = np.zeros((POSITIONS, VOCAB))
+    accepted = drafted = bonus = 0
+    for seed in range(DRAWS):
+        spec = SpecConfig(k=2, verification=verification)
+        out = engine.generate(prompt, replace(params, seed=seed), spec)
+        for position, token_id in enumerate(out.token_ids):
+            counts[position, token_id] += 1
+        accepted += out.stats.accepted_tokens
+        drafted += out.stats.drafted_tokens
+        bonus += out.stats.bonus_tokens
+    return counts, accepted / max(1, drafted), bonus
 
 
-def test_the_engine_check_catches_a_wrong_distribution(sampled):
-    """Negative control: another model's marginal differs, and the same check says so."""
-    counts, _ = sampled["temperature 1"]
-    unrelated = second_token_marginal(tiny_llama(seed=99, init=0.3), SETTINGS["temperature 1"])
+CASES = (
+    [
+        ("model", setting, verification)
+        for setting in SETTINGS
+        for verification in ("rejection", "coupled")
+    ]
+    + [
+        (drafter, "temperature 0.7, top-k 8, top-p 0.9", verification)
+        for drafter in ("lookup", "ngram")
+        for verification in ("rejection", "coupled")
+    ]
+    + [("lookup+model", "temperature 0.7, top-k 8, top-p 0.9", "rejection")]
+)
+
+
+@pytest.mark.parametrize(("drafter", "setting", "verification"), CASES)
+def test_every_generated_position_follows_the_target(
+    pair, prompt, make_drafter, drafter, setting, verification
+):
+    params = SETTINGS[setting]
+    engine = Engine(backend(pair[0]), make_drafter[drafter]())
+    counts, acceptance_rate, bonus = sample_positions(engine, prompt, params, verification)
+    assert 0.05 < acceptance_rate < 0.98, "both acceptance and rejection must be exercised"
+    if "model" in drafter:  # copying drafters seldom have both drafts accepted here
+        assert bonus > 50, "the bonus token must be drawn often enough to be tested"
+    for position, expected in enumerate(marginals(pair[0], prompt, params)):
+        assert_same_distribution(counts[position], expected)
+
+
+def test_the_sample_size_detects_the_stated_effect():
+    df = VOCAB - 1
+    critical = stats.chi2.ppf(1 - SIGNIFICANCE, df)
+    power = stats.ncx2.sf(critical, df, DRAWS * EFFECT**2)
+    assert power >= 0.99, f"power {power:.3f} against w = {EFFECT} with {DRAWS} draws"
+
+
+def test_a_wrong_bonus_row_is_caught(pair, prompt, make_drafter, monkeypatch):
+    """Negative control: the engine's verifier samples the bonus from the last draft's row
+    instead of the row after it. The same check must fail."""
+
+    def bonus_from_the_wrong_row(draft_ids, draft_probs, target_probs, generator):
+        wrong = target_probs.clone()
+        if len(draft_ids) > 0:
+            wrong[-1] = target_probs[-2]
+        return verify_stochastic(draft_ids, draft_probs, wrong, generator)
+
+    monkeypatch.setattr(specdec.engine, "verify_stochastic", bonus_from_the_wrong_row)
+    params = SETTINGS["temperature 1"]
+    engine = Engine(backend(pair[0]), make_drafter["model"]())
+    counts, _, _ = sample_positions(engine, prompt, params, "rejection")
+    with pytest.raises(AssertionError, match="differs|impossible"):
+        assert_same_distribution(counts[2], marginals(pair[0], prompt, params)[2])
+
+
+def test_the_engine_check_catches_a_wrong_distribution(pair, prompt, make_drafter):
+    """Negative control: another model's marginals differ, and the same check says so."""
+    params = SETTINGS["temperature 1"]
+    engine = Engine(backend(pair[0]), make_drafter["model"]())
+    counts, _, _ = sample_positions(engine, prompt, params, "rejection")
+    unrelated = marginals(tiny_llama(seed=99, init=0.3), prompt, params)
     with pytest.raises(AssertionError):
-        assert_same_distribution(counts, unrelated)
+        assert_same_distribution(counts[1], unrelated[1])

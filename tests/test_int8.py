@@ -64,3 +64,53 @@ def test_int8_greedy_speculation_equals_int8_plain(int8_pair, k):
     )
     assert out.token_ids == expected.token_ids
     assert out.stats.accepted_tokens > 0
+
+
+# ---- batch invariance at real layer sizes and any thread count ------------------------
+
+THREADS = [1, 2, 3, 4, 8]
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("rows", range(2, 13))
+def test_token_by_token_ops_match_one_token_steps_at_every_thread_count(threads, rows):
+    """The hazard: PyTorch splits a 9 x 8960 SiLU across 3+ threads and the edge of each
+    thread's range rounds differently from the same element in a one-token step. Run one
+    token at a time, the op is the step's own call."""
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(1, rows, 8960, generator=generator) * 3.0
+    silu = int8.TokenByToken(nn.SiLU())
+    steps = torch.cat([nn.functional.silu(x[:, i : i + 1]) for i in range(rows)], dim=1)
+    for count in THREADS:
+        torch.set_num_threads(count)
+        assert torch.equal(silu(x), steps), f"{rows} rows, {count} threads"
+
+
+@pytest.fixture(scope="module")
+def real_size_model():
+    from specdec.doctor import real_size_int8_model
+
+    return real_size_int8_model()
+
+
+@pytest.mark.parametrize("count", THREADS)
+def test_blocks_equal_steps_at_real_layer_sizes(real_size_model, threads, count):
+    """Hidden 1536, intermediate 8960 (the 1.5B's layers), blocks of 2..12 tokens."""
+    from specdec.doctor import check_block_equals_steps
+
+    result = check_block_equals_steps(real_size_model, count)
+    assert result.ok, f"{result.mismatched} of {result.blocks} blocks differ at {count} threads"
+
+
+def test_doctor_reports_the_check(capsys):
+    from specdec.cli import main
+
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU:" in out and "8 threads: ok" in out

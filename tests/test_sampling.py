@@ -55,3 +55,12 @@ def test_sampler_pick_returns_the_distribution_it_sampled_from():
     assert token in (0, 1) and torch.allclose(probs, torch.tensor([2 / 3, 1 / 3, 0, 0]))
     token, probs = Sampler(SamplingParams(temperature=0)).pick(LOGITS[0])
     assert token == 0 and probs is None
+
+
+def test_tiny_temperatures_give_the_argmax_not_nan():
+    logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, 0.5, -1.0]])
+    for temperature in (1e-40, 1e-20, 1e-6):
+        probs = logits_to_probs(logits, SamplingParams(temperature=temperature))
+        assert torch.isfinite(probs).all()
+        assert torch.equal(probs[0], torch.tensor([0.0, 1.0, 0.0]))
+        assert torch.equal(probs[1], torch.tensor([0.5, 0.5, 0.0]))  # a tie is shared

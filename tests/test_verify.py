@@ -124,3 +124,35 @@ class TestStochastic:
     def test_shapes_are_checked(self):
         with pytest.raises(AssertionError):
             verify_stochastic(ids(A, B), None, probs([1.0, 0.0]), torch.Generator())
+
+
+# ---- coupled verification (hand-built) ------------------------------------------------
+
+
+def test_coupled_accepts_drafts_equal_to_the_targets_race_winners():
+    from specdec.verify import verify_coupled
+
+    target_probs = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5], [0.0, 0.0, 1.0]])
+    # Noise chosen by hand: winners are argmax(probs / noise) = 1, 2, 2.
+    noise = torch.tensor([[2.0, 1.0, 0.1], [1.0, 1.0, 1.0], [0.5, 0.5, 9.0]], dtype=torch.float64)
+    both = verify_coupled(torch.tensor([1, 2]), target_probs, noise)
+    assert both.token_ids == [1, 2, 2] and both.num_accepted == 2 and both.bonus
+    first_only = verify_coupled(torch.tensor([1, 0]), target_probs, noise)
+    assert first_only.token_ids == [1, 2] and first_only.num_accepted == 1
+    none = verify_coupled(torch.tensor([0, 2]), target_probs, noise)
+    assert none.token_ids == [1] and not none.bonus
+    # The zero-probability token 2 at row 0 never wins, however small its noise.
+    assert verify_coupled(
+        torch.tensor([], dtype=torch.long), target_probs[:1], noise[:1]
+    ).token_ids == [1]
+
+
+def test_position_noise_is_a_function_of_seed_and_position():
+    from specdec.sampling import position_noise
+
+    a = position_noise(7, 3, 50)
+    assert torch.equal(a, position_noise(7, 3, 50))
+    assert not torch.equal(a, position_noise(7, 4, 50))
+    assert not torch.equal(a, position_noise(8, 3, 50))
+    assert (a > 0).all() and torch.isfinite(a).all()
+    assert torch.equal(position_noise(-1, 0, 10), position_noise(2**64 - 1, 0, 10))

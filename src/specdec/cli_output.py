@@ -6,6 +6,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 
 from rich.console import Console
 from rich.progress import (
@@ -19,6 +20,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from specdec.config import SamplingParams, SpecConfig
 from specdec.engine import Chunk, Engine, Output
 from specdec.metrics import SpecStats
 
@@ -77,23 +79,36 @@ def _progress_lines():
     return update
 
 
-def compare_plain(engine: Engine, prompt_ids, params, speculative: Output) -> dict:
-    """Run the target alone on the same request, from an empty cache like the first run."""
+def compare_plain(
+    engine: Engine, prompt_ids, params: SamplingParams, spec: SpecConfig, speculative: Output
+) -> dict:
+    """Run the target alone on the same request, from an empty cache like the first run.
+
+    ``identical`` compares the texts where they must be equal: greedy, or sampling with
+    coupled verification (the same seed gives plain decoding's text). Sampled with
+    rejection verification, the text depends on the drafts (only its distribution is the
+    target's), so ``identical`` is None: not comparable by text.
+    """
     engine.target.truncate(0)
-    plain = Engine(engine.target).generate(prompt_ids, params)
+    plain = Engine(engine.target).generate(prompt_ids, params, replace(spec, k=0))
     plain_tps = plain.stats.tokens_per_second
+    comparable = params.greedy or spec.coupled(params)
     return {
         "plain_tokens_per_second": plain_tps,
         "speedup": speculative.stats.tokens_per_second / plain_tps if plain_tps else 0.0,
-        "identical": plain.token_ids == speculative.token_ids,
+        "identical": plain.token_ids == speculative.token_ids if comparable else None,
     }
 
 
 def print_compare(compare: dict) -> None:
+    identical = compare["identical"]
+    if identical is None:
+        verdict = "not compared by text (rejection sampling: same distribution, other draws)"
+    else:
+        verdict = f"output {'identical' if identical else 'DIFFERS'} to plain decoding"
     Console(stderr=True, highlight=False).print(
         f"plain decoding: {compare['plain_tokens_per_second']:.1f} tok/s | "
-        f"speedup {compare['speedup']:.2f}x | "
-        f"output {'identical' if compare['identical'] else 'DIFFERS'} to plain decoding"
+        f"speedup {compare['speedup']:.2f}x | {verdict}"
     )
 
 

@@ -6,7 +6,11 @@ server can show the message as is.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+VERIFICATIONS = ("auto", "rejection", "coupled")
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed accepts
 
 
 @dataclass(frozen=True)
@@ -31,16 +35,28 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not self.temperature >= 0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, int | float)
+            or not math.isfinite(self.temperature)  # also rejects NaN
+            or self.temperature < 0
+        ):
+            raise ValueError(
+                "temperature must be a finite number >= 0 (0 means greedy), "
+                f"got {self.temperature!r}"
+            )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}")
         if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]
         ):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+            raise ValueError(
+                f"seed must be an integer in [-2**63, 2**64 - 1] or None, got {self.seed!r}"
+            )
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
@@ -58,10 +74,20 @@ class SpecConfig:
     """How speculation runs. ``k`` is the number of drafted tokens per round (the paper's
     gamma, vLLM's num_speculative_tokens); ``k == 0`` is plain autoregressive decoding.
     ``k == "auto"`` lets ``controller.AdaptiveK`` choose it each round, up to ``max_k``,
-    from the acceptance and costs it measures."""
+    from the acceptance and costs it measures.
+
+    ``verification`` (sampling only; greedy has one kind): ``"rejection"`` is the paper's
+    Algorithm 1, the highest acceptance; ``"coupled"`` keys every position's randomness to
+    (seed, position) and accepts a draft when it equals the target's own keyed sample, so
+    the output equals plain decoding with the same seed whatever k and the drafter do (the
+    drafter-invariant coupling of Daliri, Musco and Suresh, 2024), at an acceptance of at
+    least (1 - d) / (1 + d) against Algorithm 1's 1 - d (d: total variation distance between
+    draft and target). ``"auto"``: coupled when the request has a seed, rejection otherwise.
+    Both are exact: every output follows the target's distribution."""
 
     k: int | str = 4
     max_k: int = 8
+    verification: str = "auto"
 
     def __post_init__(self) -> None:
         if self.k == "auto":
@@ -72,7 +98,19 @@ class SpecConfig:
             raise ValueError(f"k must be >= 0 (0 disables speculation), got {self.k}")
         if isinstance(self.max_k, bool) or not isinstance(self.max_k, int) or self.max_k < 1:
             raise ValueError(f"max_k must be an integer >= 1, got {self.max_k!r}")
+        if self.verification not in VERIFICATIONS:
+            raise ValueError(
+                f"verification must be one of {', '.join(VERIFICATIONS)}, got {self.verification!r}"
+            )
 
     @property
     def adaptive(self) -> bool:
         return self.k == "auto"
+
+    def coupled(self, params: SamplingParams) -> bool:
+        """Whether this request samples with position-keyed (coupled) randomness."""
+        if params.greedy:
+            return False
+        if self.verification == "auto":
+            return params.seed is not None
+        return self.verification == "coupled"

@@ -24,7 +24,7 @@ from specdec.detokenizer import Detokenizer
 from specdec.drafters.base import Drafter, Proposal
 from specdec.metrics import SpecStats
 from specdec.sampling import Sampler, logits_to_probs
-from specdec.verify import VerifyResult, verify_greedy, verify_stochastic
+from specdec.verify import VerifyResult, verify_coupled, verify_greedy, verify_stochastic
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class _Run:
         else:
             assert isinstance(spec.k, int), "a fixed k is an int ('auto' is adaptive)"
             self.k = spec.k
-        self.sampler = Sampler(params)
+        self.sampler = Sampler(params, coupled=spec.coupled(params))
         self.detokenizer = detokenizer
         self.context = list(prompt)
         self.generated: list[int] = []
@@ -212,6 +212,10 @@ class _Run:
         if self.params.greedy:
             return verify_greedy(draft_ids, logits)
         target_probs = logits_to_probs(logits, self.params)
+        if self.sampler.coupled:
+            # Row i scores sequence position len(context) + i.
+            noise = self.sampler.noise(len(self.context), len(draft_ids) + 1, logits.shape[1])
+            return verify_coupled(draft_ids, target_probs, noise)
         return verify_stochastic(
             draft_ids, proposal.draft_probs, target_probs, self.sampler.generator
         )

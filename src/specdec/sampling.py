@@ -21,7 +21,9 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    # Shift so the largest logit is 0 before dividing: a tiny temperature then sends the
+    # others to -inf (softmax gives the argmax, ties shared) instead of overflowing to NaN.
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / params.temperature
     if 0 < params.top_k < logits.shape[-1]:
         kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
@@ -54,16 +56,64 @@ def make_generator(seed: int | None) -> torch.Generator:
     if seed is None:
         generator.seed()
     else:
-        generator.manual_seed(seed)
+        generator.manual_seed(seed & _MASK64)
     return generator
 
 
-class Sampler:
-    """Sampling parameters bound to one request's generator, handed to drafters."""
+_MASK64 = (1 << 64) - 1
 
-    def __init__(self, params: SamplingParams, generator: torch.Generator | None = None):
+
+def _mix(seed: int, position: int) -> int:
+    """splitmix64 of (seed, position): independent-looking 64-bit keys for nearby inputs."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """Exponential(1) noise for one sequence position, a function of (seed, position) only.
+
+    ``argmax(probs / noise)`` is a sample from ``probs`` (the exponential race, i.e. the
+    Gumbel-max trick): with the noise fixed per position, the token at a position depends on
+    nothing but that position's distribution, so drafting decisions cannot change it.
+    noise  # [vocab] float64
+    """
+    generator = torch.Generator().manual_seed(_mix(seed & _MASK64, position))
+    uniform = torch.rand(vocab, generator=generator, dtype=torch.float64)
+    return -torch.log1p(-uniform)  # in (0, inf): 1 - uniform is in (0, 1]
+
+
+def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The exponential race's winners.  probs  # [..., vocab], noise  # [..., vocab] -> [...]
+
+    A token with zero probability never wins (0 / noise = 0 < a positive ratio).
+    """
+    return (probs.double() / noise).argmax(dim=-1)
+
+
+class Sampler:
+    """Sampling parameters bound to one request's randomness, handed to drafters.
+
+    Two kinds of randomness. ``coupled=False``: one generator whose draws follow one another
+    (Algorithm 1's uniforms and samples). ``coupled=True``: the token at sequence position p
+    is the exponential race of its distribution against ``position_noise(seed, p)``, for the
+    drafter and the target alike; verification accepts a draft when it equals the target's
+    own race winner (``verify.verify_coupled``). The output is then exactly what plain
+    decoding with the same seed gives, whatever k and the drafter do.
+    """
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        coupled: bool = False,
+    ):
         self.params = params
         self.generator = generator if generator is not None else make_generator(params.seed)
+        self.coupled = coupled and not params.greedy
+        # A coupled request without a seed still needs one key for all its positions.
+        self.seed = params.seed if params.seed is not None else self.generator.initial_seed()
 
     @property
     def greedy(self) -> bool:
@@ -72,10 +122,20 @@ class Sampler:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         return logits_to_probs(logits, self.params)
 
-    def pick(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        """A token from one row of logits, and the distribution it came from (None when
-        greedy, where the choice is a point mass on the argmax).  logits  # [vocab]"""
+    def noise(self, start: int, count: int, vocab: int) -> torch.Tensor:
+        """Noise rows for positions start .. start + count - 1.  -> [count, vocab]"""
+        return torch.stack([position_noise(self.seed, start + i, vocab) for i in range(count)])
+
+    def pick(
+        self, logits: torch.Tensor, position: int | None = None
+    ) -> tuple[int, torch.Tensor | None]:
+        """A token for sequence ``position`` from one row of logits, and the distribution it
+        came from (None when greedy, where the choice is a point mass on the argmax).
+        logits  # [vocab]. Coupled sampling needs the position."""
         if self.greedy:
             return int(logits.argmax().item()), None
         probs = self.probs(logits.unsqueeze(0))[0]
+        if self.coupled:
+            assert position is not None, "coupled sampling is keyed by the sequence position"
+            return int(race(probs, position_noise(self.seed, position, probs.shape[0]))), probs
         return sample(probs, self.generator), probs

@@ -22,6 +22,14 @@ P(a) = 0.9 * 2/3 = 0.6, P(b) = 0.1 + 0.9 * 1/3 = 0.4: the target's distribution.
 
 Greedy decoding is the point-mass case: accept while x_i == argmax(target at i); the token
 that ends the round is the target's argmax there.
+
+Coupled verification (``verify_coupled``; Daliri, Musco and Suresh 2024, "Coupling without
+Communication and Drafter-Invariant Speculative Decoding") is the greedy rule applied to
+keyed samples: each sequence position p has fixed noise E_p (``sampling.position_noise``),
+the drafter drafts argmax(draft_probs / E_p) and the target's token at p is
+argmax(target_probs / E_p), an exact sample from target_probs. Drafts are accepted while
+they equal the target's tokens; the round ends with the target's token. Every emitted token
+is the target's own keyed sample, so the output does not depend on k or on the drafter.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import sample
+from specdec.sampling import race, sample
 
 # A residual with less mass than this is float noise (the two distributions are equal
 # up to rounding): sampling from it would amplify the noise, so fall back to the target.
@@ -93,6 +101,21 @@ def verify_stochastic(
     )
     recovered_id = sample(residual, generator)
     return VerifyResult(accepted_ids + [recovered_id], num_accepted, False, fallback)
+
+
+def verify_coupled(
+    draft_token_ids: torch.Tensor,  # [k] int64
+    target_probs: torch.Tensor,  # [k + 1, vocab]
+    noise: torch.Tensor,  # [k + 1, vocab]: position_noise of each scored position
+) -> VerifyResult:
+    """Accept the longest prefix of drafts equal to the target's keyed samples."""
+    k = draft_token_ids.shape[0]
+    assert target_probs.shape[0] == k + 1, "target must score k + 1 positions"
+    assert noise.shape == target_probs.shape, "one noise row per scored position"
+    target_ids = race(target_probs, noise)  # [k + 1]: what plain decoding would emit
+    num_accepted = _leading_true(draft_token_ids == target_ids[:k])
+    token_ids = draft_token_ids[:num_accepted].tolist() + [int(target_ids[num_accepted])]
+    return VerifyResult(token_ids, num_accepted, bonus=num_accepted == k)
 
 
 def residual_distribution(

@@ -30,6 +30,9 @@ class ModelDrafter:
         self.vocab_size = backend.vocab_size
 
     def prepare(self, context: Sequence[int]) -> None:
+        limit = self.backend.max_length
+        if limit is not None and len(context) >= limit:
+            return  # longer than the draft's window (a llama.cpp n_ctx): it will not draft
         sync_cache(self.backend, list(context[:-1]))  # the last token is fed by the first propose
 
     def propose(
@@ -53,7 +56,7 @@ class ModelDrafter:
         probs: list[torch.Tensor] = []
         confidences: list[float] = []
         while True:
-            token_id, token_probs = sampler.pick(logits)
+            token_id, token_probs = sampler.pick(logits, len(context) + len(token_ids))
             token_ids.append(token_id)
             if token_probs is not None:
                 probs.append(token_probs)

@@ -135,7 +135,8 @@ class NGramDrafter:
                 token_id = max(counts, key=lambda t: (counts[t], -t))
             else:
                 # log(0) = -inf keeps unseen tokens impossible through any filter.
-                token_id, token_probs = sampler.pick(torch.log(self.model.probs(history)))
+                logits = torch.log(self.model.probs(history))
+                token_id, token_probs = sampler.pick(logits, len(context) + len(token_ids))
                 assert token_probs is not None, "sampling returns the distribution it drew from"
                 probs.append(token_probs)
             token_ids.append(token_id)
