@@ -28,10 +28,26 @@ def free_port() -> int:
 
 
 class Running:
-    def __init__(self, target, draft, tokenizer, **scheduler_options):
+    def __init__(
+        self,
+        target,
+        draft,
+        tokenizer,
+        limits=None,
+        api_key=None,
+        allowed_hosts=None,
+        **scheduler_options,
+    ):
         self.scheduler = Scheduler(target, tokenizer, draft, **scheduler_options)
         self.scheduler.start()
-        self.app = create_app(self.scheduler, MODEL, default_k=3)
+        self.app = create_app(
+            self.scheduler,
+            MODEL,
+            default_k=3,
+            limits=limits,
+            api_key=api_key,
+            allowed_hosts=allowed_hosts,
+        )
         self.port = free_port()
         self.server = uvicorn.Server(
             uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
@@ -273,3 +289,29 @@ def test_a_full_queue_answers_503_and_a_disconnect_frees_the_slot(models):
             assert 'specdec_requests_total{status="disconnected"} 1.0' in metrics.read().decode()
     finally:
         running.close()
+
+
+def test_a_seeded_request_gives_the_same_text_whatever_else_the_server_does(server, models):
+    """The reproducibility contract through the server: the same seeded request, sent
+    6 times at once among other traffic with k=auto, gives one text: plain decoding's."""
+    target, _, tokenizer = models
+    body = {
+        "prompt": "reproduce",
+        "max_tokens": 24,
+        "temperature": 0.9,
+        "seed": 77,
+        "num_speculative_tokens": "auto",
+    }
+
+    def one(i):
+        if i % 2:
+            other = {"prompt": f"noise {i}", "max_tokens": 16, "temperature": 0.7, "seed": i}
+            post(server, "/v1/completions", other)
+        return post(server, "/v1/completions", body)[1]["choices"][0]["text"]
+
+    with ThreadPoolExecutor(8) as pool:
+        texts = set(pool.map(one, range(12)))
+    plain = Engine(backend(target, tokenizer)).generate(
+        tokenizer.encode("reproduce"), SamplingParams(max_tokens=24, temperature=0.9, seed=77)
+    )
+    assert texts == {plain.text}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from specdec.config import SamplingParams, SpecConfig
@@ -158,6 +159,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
+    )
+    limits = serve.add_argument_group("request limits (each refusal is an OpenAI-shaped 4xx)")
+    limits.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=2 * 1024 * 1024,
+        help="largest request body; larger gets 413 before it is read (default: 2 MiB)",
+    )
+    limits.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="longest prompt in tokens (default: the target's context)",
+    )
+    limits.add_argument(
+        "--max-stop", type=int, default=4, help="most stop strings per request (default: 4)"
+    )
+    limits.add_argument(
+        "--max-stop-chars", type=int, default=256, help="longest stop string (default: 256)"
+    )
+    limits.add_argument(
+        "--max-spec-tokens",
+        type=int,
+        default=16,
+        help="largest num_speculative_tokens a request may ask for (default: 16)",
+    )
+    access = serve.add_argument_group("access")
+    access.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY; unset: "
+        "no key). OpenAI's clients send it from their api_key",
+    )
+    access.add_argument(
+        "--allowed-host",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a Host header name to accept (repeatable). Default when bound to a loopback "
+        "address: 127.0.0.1, localhost and ::1 only (a web page cannot reach the server "
+        "through DNS rebinding); elsewhere: any",
     )
     ngram = commands.add_parser("ngram", help="n-gram drafter models")
     ngram_commands = ngram.add_subparsers(dest="ngram_command", required=True, parser_class=_Parser)
@@ -612,6 +654,7 @@ def _serve(args: argparse.Namespace) -> int:
     from specdec.cli_output import progress_bar
     from specdec.loading import load_backend
     from specdec.server import Scheduler, create_app
+    from specdec.server.guard import LOOPBACK_HOSTS, Limits
 
     if args.max_active < 1 or args.max_queue < 0:
         raise UsageError("--max-active must be >= 1 and --max-queue >= 0")
@@ -620,13 +663,34 @@ def _serve(args: argparse.Namespace) -> int:
         draft = None
         if "model" in args.drafter:
             draft = load_backend(args.draft, args.dtype, args.cache_dir, progress).model
+    limits = Limits(
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_stop=args.max_stop,
+        max_stop_chars=args.max_stop_chars,
+        max_k=args.max_spec_tokens,
+    )
+    if min(args.max_body_bytes, args.max_stop, args.max_stop_chars) < 1 or args.max_spec_tokens < 0:
+        raise UsageError("request limits must be >= 1 (--max-spec-tokens >= 0)")
+    allowed = args.allowed_host
+    if allowed is None and args.host in LOOPBACK_HOSTS:
+        allowed = list(LOOPBACK_HOSTS)
     scheduler = Scheduler(target.model, target.tokenizer, draft, args.max_active, args.max_queue)
     scheduler.start()
     app = create_app(
-        scheduler, model_name=str(args.target), default_k=args.k, default_drafter=args.drafter
+        scheduler,
+        model_name=str(args.target),
+        default_k=args.k,
+        default_drafter=args.drafter,
+        limits=limits,
+        api_key=args.api_key or os.environ.get("SPECDEC_API_KEY") or None,
+        allowed_hosts=None if allowed is None else tuple(allowed),
     )
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        # In-flight requests get 3 s after SIGTERM/Ctrl-C, then the scheduler cancels them.
+        uvicorn.run(
+            app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=3
+        )
     finally:
         scheduler.stop()
     return 0

@@ -11,6 +11,7 @@ _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 class ServerMetrics:
     def __init__(self) -> None:
+        self._drafted_total = self._accepted_total = 0  # the acceptance gauge's inputs
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("specdec_requests", "requests by outcome", ["status"], registry=r)
@@ -45,13 +46,18 @@ class ServerMetrics:
         self.queue_length = Gauge("specdec_queue_length", "requests waiting for a slot", registry=r)
         self.active = Gauge("specdec_active_requests", "requests being decoded", registry=r)
 
+    def set_queue(self, waiting: int, active: int) -> None:
+        self.queue_length.set(waiting)
+        self.active.set(active)
+
     def record(self, stats: SpecStats, latency: float, ttft: float | None) -> None:
         self.drafted.inc(stats.drafted_tokens)
         self.accepted.inc(stats.accepted_tokens)
         self.generated.inc(stats.generated_tokens)
-        drafted = self.drafted._value.get()
-        if drafted:
-            self.acceptance_rate.set(self.accepted._value.get() / drafted)
+        self._drafted_total += stats.drafted_tokens
+        self._accepted_total += stats.accepted_tokens
+        if self._drafted_total:
+            self.acceptance_rate.set(self._accepted_total / self._drafted_total)
         if stats.rounds:
             self.mean_accepted_length.observe(stats.mean_accepted_length)
         for phase, value in (

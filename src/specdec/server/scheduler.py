@@ -32,6 +32,10 @@ class QueueFull(Exception):
     pass
 
 
+class ServerStopping(Exception):
+    pass
+
+
 @dataclass
 class Job:
     prompt_ids: list[int]
@@ -42,6 +46,7 @@ class Job:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    checked: float = 0.0  # when the handler last looked whether the client is still there
 
     def put(self, item: Chunk | Exception | None) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
@@ -81,10 +86,21 @@ class Scheduler:
         self._thread.start()
 
     def stop(self) -> None:
+        """Cancel every job and end the worker; bounded by one round of the models."""
         with self._wake:
             self._stopped = True
             self._wake.notify()
+        self.cancel_all()
         self._thread.join(timeout=10)
+
+    def cancel_all(self) -> None:
+        """Every admitted job ends: waiting handlers get an error at once, and the worker
+        drops them at its next round."""
+        with self._wake:
+            jobs = list(self._pending) + [job for job, _ in self._active]
+        for job in jobs:
+            job.cancelled.set()
+            job.put(ServerStopping("the server is shutting down"))
 
     def submit(self, job: Job) -> None:
         with self._wake:
@@ -111,10 +127,15 @@ class Scheduler:
                     self._active.append((job, self._start(job)))
                 self.on_queue_change(len(self._pending), len(self._active))
             for entry in list(self._active):
-                if not self._advance(*entry):
-                    self._active.remove(entry)
-                    with self._wake:
-                        self._admitted -= 1
+                self._advance(*entry)
+
+    def _release(self, job: Job) -> None:
+        """Free the job's slot. Called BEFORE its last item is sent, so a client that sends
+        its next request as soon as this one ends never finds the slot still taken."""
+        with self._wake:
+            self._active = [entry for entry in self._active if entry[0] is not job]
+            self._admitted -= 1
+            self.on_queue_change(len(self._pending), len(self._active))
 
     def _start(self, job: Job) -> Iterator[Chunk]:
         engine = Engine(HFModel(self.target_model, self.tokenizer), self._drafter(job.drafter))
@@ -134,20 +155,24 @@ class Scheduler:
             return None
         return members[0] if len(members) == 1 else FallbackDrafter(members)
 
-    def _advance(self, job: Job, rounds: Iterator[Chunk]) -> bool:
-        """One round of one job; False when the job is over (done, failed or abandoned)."""
+    def _advance(self, job: Job, rounds: Iterator[Chunk]) -> None:
+        """One round of one job; a job that is over (done, failed or abandoned) leaves."""
         if job.cancelled.is_set():
-            return False
+            self._release(job)
+            return
         try:
             chunk = next(rounds)
         except StopIteration:
+            self._release(job)
             job.put(END)
-            return False
+            return
         except Exception as error:  # reported to that request; the server keeps serving
+            self._release(job)
             job.put(error)
-            return False
-        job.put(chunk)
+            return
         if chunk.finish_reason is not None:
+            self._release(job)
+            job.put(chunk)
             job.put(END)
-            return False
-        return True
+            return
+        job.put(chunk)
