@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -42,11 +43,19 @@ def load_backend(
             raise ValueError(
                 f"{spec!r} is neither a catalog model ({', '.join(CATALOG)}) nor a directory"
             )
-    return load_hf(directory, dtype, progress)
+    return load_hf(directory, dtype, progress, int8_cache=cache_root(cache_dir) / "int8")
 
 
-def load_hf(path: str | Path, dtype: str = "float32", progress: Progress | None = None) -> HFModel:
-    """Load a saved transformers causal LM (+ its tokenizer, if saved beside it)."""
+def load_hf(
+    path: str | Path,
+    dtype: str = "float32",
+    progress: Progress | None = None,
+    int8_cache: Path | None = None,
+) -> HFModel:
+    """Load a saved transformers causal LM (+ its tokenizer, if saved beside it).
+
+    ``int8``: from the runtime form cached under ``int8_cache`` when there is one for this
+    model (built and written on first use), else quantized in memory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -57,8 +66,15 @@ def load_hf(path: str | Path, dtype: str = "float32", progress: Progress | None 
     directory = Path(path).expanduser()
     if not (directory / "config.json").is_file():
         raise ValueError(f"{path!s} is not a transformers model directory (no config.json in it)")
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
-    if dtype == "int8":
+    if dtype == "int8" and int8_cache is not None:
+        from specdec.backends import int8_cache as runtime_cache
+
+        model = runtime_cache.load_or_build(
+            directory, int8_cache / _cache_name(directory), progress
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
+    if dtype == "int8" and int8_cache is None:
         from specdec.backends.int8 import make_int8_batch_invariant
 
         make_int8_batch_invariant(model, progress)
@@ -67,6 +83,12 @@ def load_hf(path: str | Path, dtype: str = "float32", progress: Progress | None 
     except (OSError, ValueError):
         tokenizer = None  # a model without a saved tokenizer still decodes ids
     return HFModel(model, tokenizer)
+
+
+def _cache_name(directory: Path) -> str:
+    """One runtime-cache entry per model directory: its name and a hash of its path."""
+    digest = hashlib.sha1(str(directory.resolve()).encode()).hexdigest()[:12]
+    return f"{directory.name}-{digest}"
 
 
 def load_tokenizer(spec: str, cache_dir: str | None = None):

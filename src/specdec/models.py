@@ -188,7 +188,7 @@ def ensure_gguf(
     ):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(target.with_suffix(".lock")):
+    with file_lock(target.with_suffix(".lock")):
         return _assemble(entry, target, progress)
 
 
@@ -261,7 +261,7 @@ def ensure_gguf_type(
     target = source.with_name(f"{source.stem}.{gguf_type}.gguf")
     if target.is_file():
         return target  # written under a temporary name and renamed when whole
-    with _lock(target.with_suffix(".lock")):
+    with file_lock(target.with_suffix(".lock")):
         if not target.is_file():
             _requantize(source, target, ftype_name, progress)
     return target
@@ -302,7 +302,7 @@ def ensure_converted(entry: CatalogEntry, root: Path, progress: Progress = _no_p
     if _marker_ok(hf_dir, entry):
         return hf_dir
     hf_dir.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(hf_dir.with_name(hf_dir.name + ".lock")):
+    with file_lock(hf_dir.with_name(hf_dir.name + ".lock")):
         if _marker_ok(hf_dir, entry):  # another process built it while we waited
             return hf_dir
         gguf = ensure_gguf(entry, root, progress, verify=True)
@@ -371,7 +371,8 @@ def _marker_ok(directory: Path, entry: CatalogEntry) -> bool:
 
 
 @contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` across processes (two builds of one cache entry wait)."""
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

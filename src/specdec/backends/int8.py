@@ -50,9 +50,37 @@ class RowInt8Linear(nn.Module):
         weight = linear.weight.detach().float()
         out_features, in_features = weight.shape
         padded = torch.cat([weight, torch.zeros(out_features, 2)], dim=1)  # for the +1/-1 columns
-        self.pieces = [_pack(piece) for piece in padded.split(ROWS_PER_PIECE)]
-        self.bias = None if linear.bias is None else linear.bias.detach().float()
-        self.in_features, self.out_features = in_features, out_features
+        int8, scales = quantize_rows(padded)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self._set(int8, scales, bias)
+
+    @classmethod
+    def from_int8(
+        cls, int8: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+    ) -> RowInt8Linear:
+        """From ``int8_state()``'s tensors (the on-disk runtime cache): no float weights."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._set(int8, scales, bias)
+        return layer
+
+    def _set(self, int8: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """int8  # [out, in + 2] (the two pin columns zero), scales  # [out] float64"""
+        self.pieces = [
+            _prepack(rows, row_scales)
+            for rows, row_scales in zip(
+                int8.split(ROWS_PER_PIECE), scales.split(ROWS_PER_PIECE), strict=True
+            )
+        ]
+        self.bias = bias
+        self.in_features, self.out_features = int8.shape[1] - 2, int8.shape[0]
+
+    def int8_state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(int8 weights [out, in + 2], per-row scales [out] float64), unpacked from fbgemm."""
+        quantized = [torch.ops.quantized.linear_unpack(piece)[0] for piece in self.pieces]
+        int8 = torch.cat([q.int_repr() for q in quantized])
+        scales = torch.cat([q.q_per_channel_scales() for q in quantized])
+        return int8, scales
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x  # [..., in_features]
         shape = x.shape
@@ -67,8 +95,9 @@ class RowInt8Linear(nn.Module):
         return out.reshape(*shape[:-1], self.out_features)
 
 
-def _pack(weight: torch.Tensor):
-    """Symmetric int8 per output row, packed for fbgemm.  weight  # [rows, in + 2]"""
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row.  weight  # [rows, in] -> (int8 [rows, in], scales
+    [rows] float64)"""
     scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
     zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
     with warnings.catch_warnings():
@@ -76,6 +105,17 @@ def _pack(weight: torch.Tensor):
         warnings.simplefilter("ignore", UserWarning)
         quantized = torch.quantize_per_channel(
             weight.contiguous(), scales, zero_points, 0, torch.qint8
+        )
+    return quantized.int_repr(), quantized.q_per_channel_scales()
+
+
+def _prepack(int8: torch.Tensor, scales: torch.Tensor):
+    """fbgemm's packed form of int8 rows with their scales (zero points 0)."""
+    zero_points = torch.zeros(int8.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # deprecated later; torch is pinned
+        quantized = torch._make_per_channel_quantized_tensor(
+            int8.contiguous(), scales, zero_points, 0
         )
     return torch.ops.quantized.linear_prepack(quantized, None)
 
@@ -155,7 +195,6 @@ def make_int8_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrain
     takes ~20 s for a 1.5B model; two threads do it (the torch ops release the GIL).
     ``progress(step, done, total)`` is called as layers finish.
     """
-    _register_attention()
     slots = [
         (module, name, child)
         for module in model.modules()
@@ -169,6 +208,13 @@ def make_int8_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrain
             setattr(module, name, int8_linear)
             if progress is not None:
                 progress("quantizing to int8", done, len(slots))
+    finish_int8_model(model)
+    return model
+
+
+def finish_int8_model(model: PreTrainedModel) -> None:
+    """What follows the linears' swap: token-by-token norms, activations and rotary
+    embedding, and the row-invariant attention."""
+    _register_attention()
     _wrap_token_by_token(model)
     model.set_attn_implementation(ATTENTION)
-    return model
