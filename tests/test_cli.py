@@ -337,19 +337,25 @@ def test_tune_command_prints_table_and_saves_plot(model_dirs, tmp_path, capsys):
     assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_draft_runtime_auto_prefers_llamacpp_for_catalog_drafts_when_installed():
+@pytest.mark.parametrize("probe_ok", [True, False])
+def test_draft_runtime_auto_uses_llamacpp_only_when_its_self_test_passes(
+    monkeypatch, tmp_path, capsys, probe_ok
+):
     import importlib.util
 
-    from specdec.cli import draft_runtime
+    from specdec import cli, models
+    from specdec.backends import probe
 
-    installed = importlib.util.find_spec("llama_cpp") is not None
-    assert draft_runtime("auto", "qwen2.5-coder-0.5b-instruct") == (
-        "llamacpp" if installed else "transformers"
-    )
-    assert (
-        draft_runtime("auto", "/models/my-draft") == "transformers"
-    )  # a directory: transformers only
-    assert draft_runtime("transformers", "qwen2.5-coder-0.5b-instruct") == "transformers"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # "installed"
+    monkeypatch.setattr(models, "ensure_gguf", lambda entry, root, *rest: tmp_path / "d.gguf")
+    verdict = probe.ProbeResult(probe_ok, "ok" if probe_ok else "llama.cpp crashed with SIGILL")
+    monkeypatch.setattr(probe, "llamacpp_works", lambda gguf, cache_file: verdict)
+    chosen = cli.draft_runtime("auto", "qwen2.5-coder-0.5b-instruct", str(tmp_path))
+    assert chosen == ("llamacpp" if probe_ok else "transformers")
+    err = capsys.readouterr().err
+    assert ("SIGILL" in err and err.count("\n") == 1) if not probe_ok else err == ""
+    assert cli.draft_runtime("auto", "/models/my-draft") == "transformers"  # a directory
+    assert cli.draft_runtime("transformers", "qwen2.5-coder-0.5b-instruct") == "transformers"
 
 
 def test_a_seeded_sampled_run_reproduces_and_compares_identical(model_dirs, capsys):

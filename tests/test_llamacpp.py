@@ -117,3 +117,13 @@ def test_int8_target_with_llamacpp_q4_0_draft_equals_plain_int8():
         speculative = engine.generate(prompt, params, SpecConfig(k="auto"))
         assert speculative.token_ids == plain.token_ids
         assert speculative.stats.drafted_tokens > 0
+
+
+def test_the_self_test_passes_on_this_build(model, tmp_path):
+    """The probe ``--draft-runtime auto`` runs before choosing llama.cpp, for real."""
+    from specdec.backends.probe import llamacpp_works
+    from specdec.models import ensure_gguf
+
+    gguf = ensure_gguf(CATALOG[DRAFT], cache_root())
+    result = llamacpp_works(gguf, tmp_path / "probe.json")
+    assert result.ok, result.reason

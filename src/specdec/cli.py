@@ -516,17 +516,30 @@ def drafter_kinds(spec: str) -> list[str]:
     return kinds
 
 
-def draft_runtime(choice: str, draft: str) -> str:
+def draft_runtime(choice: str, draft: str, cache_dir: str | None = None, progress=None) -> str:
     """``auto``: llama.cpp for a catalog draft when llama-cpp-python is installed (the
-    cheapest draft step measured), else transformers."""
+    cheapest draft step measured) and passes its self-test on this machine
+    (``backends.probe``), else transformers, with one line saying why."""
     if choice != "auto":
         return choice
     import importlib.util
 
-    from specdec.models import CATALOG
+    from specdec.models import CATALOG, cache_root, ensure_gguf, lookup
 
-    have_llamacpp = importlib.util.find_spec("llama_cpp") is not None
-    return "llamacpp" if have_llamacpp and draft in CATALOG else "transformers"
+    if importlib.util.find_spec("llama_cpp") is None or draft not in CATALOG:
+        return "transformers"
+    from specdec.backends.probe import REBUILD, llamacpp_works
+
+    root = cache_root(cache_dir)
+    gguf = ensure_gguf(lookup(draft), root, *([progress] if progress else []))
+    result = llamacpp_works(gguf, root / "llamacpp-probe.json")
+    if result.ok:
+        return "llamacpp"
+    sys.stderr.write(
+        f"specdec: not drafting on llama.cpp: {result.reason}; drafting on int8 instead. "
+        f"A build that runs everywhere: {REBUILD}\n"
+    )
+    return "transformers"
 
 
 def _build_engine(args: argparse.Namespace, kinds: list[str]):
@@ -562,7 +575,7 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
                     args.dtype,
                     args.cache_dir,
                     progress,
-                    draft_runtime(args.draft_runtime, args.draft),
+                    draft_runtime(args.draft_runtime, args.draft, args.cache_dir, progress),
                     args.gguf_type or "q4_0",
                 )
                 check_same_vocabulary(target, draft)
