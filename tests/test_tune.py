@@ -46,3 +46,31 @@ def test_recommend_picks_the_fastest_measured_k_or_none():
 def test_tune_command_needs_prompts(capsys):
     assert main(["tune"]) == 2
     assert "--prompts" in capsys.readouterr().err
+
+
+def test_a_curve_that_contradicts_the_runs_is_named():
+    from specdec.tune import CostCurve, curve_contradiction
+
+    sound = CostCurve(0.100, 0.05, [0.0, 1.0, 1.05, 1.1])
+    assert curve_contradiction(sound, runs_step_seconds=0.102) is None
+    cold = CostCurve(0.433, 0.05, [0.0, 1.0, 1.05, 1.1])  # the issue's 433 ms vs 102 ms
+    assert "runs' step" in curve_contradiction(cold, runs_step_seconds=0.102)
+    impossible = CostCurve(0.100, 0.05, [0.0, 1.0, 0.42, 0.38])
+    assert "v(2) = 0.42" in curve_contradiction(impossible, runs_step_seconds=0.1)
+
+
+def test_passes_are_timed_warm_and_interleaved(pair, monkeypatch):
+    """Every size is timed in every round, after untimed warm-up rounds."""
+    from specdec import tune as tune_module
+
+    target, _ = pair
+    calls = []
+    forward = target.forward
+    monkeypatch.setattr(
+        target, "forward", lambda ids, **kw: calls.append(len(ids)) or forward(ids, **kw)
+    )
+    times = tune_module.time_passes(target, [1, 2, 3, 4, 5, 6], [1, 2, 3], repeats=3, warmup=2)
+    assert set(times) == {1, 2, 3} and all(t > 0 for t in times.values())
+    timed = calls[1:]  # the first call fills the context
+    assert len(timed) == (2 + 3) * 3
+    assert timed[:3] == [1, 2, 3] and timed[3:6] == [2, 3, 1]  # rotated each round

@@ -204,6 +204,11 @@ def print_tune(costs, rows, alpha: dict, recommended: int, paths: dict) -> None:
         f"alpha = {alpha['alpha']:.3f} "
         "(accepted / reached), per position " + " ".join(f"{a:.2f}" for a in alpha["per_position"])
     )
+    if alpha.get("curve_contradicts_runs"):
+        console.print(
+            "[yellow]warning: the cost curve does not describe these runs "
+            f"({alpha['curve_contradicts_runs']}): predictions are unreliable[/yellow]"
+        )
     table = Table(
         title=f"predicted vs measured speedup over plain decoding (median of {alpha['repeats']} "
         "interleaved passes)"

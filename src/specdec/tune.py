@@ -47,21 +47,51 @@ class TuneRow:
 
 def time_pass(backend: Backend, context: list[int], n: int, repeats: int = 5) -> float:
     """Median seconds of an n-token forward pass after ``context`` (cache cut back after)."""
+    return time_passes(backend, context, [n], repeats)[n]
+
+
+def time_passes(
+    backend: Backend, context: list[int], sizes: list[int], repeats: int = 5, warmup: int = 2
+) -> dict[int, float]:
+    """Median seconds of an n-token pass for every n in ``sizes``, timed warm and
+    interleaved: ``warmup`` untimed rounds over all sizes first, then ``repeats`` rounds,
+    each over all sizes in a rotated order, so a slow spell of the machine (or a cold
+    start) hits every size alike instead of one."""
     backend.truncate(0)
     backend.forward(context, last_only=True)
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        backend.forward(context[-n:] if len(context) >= n else (context * n)[:n])
-        samples.append(time.perf_counter() - started)
-        backend.truncate(len(context))
-    return statistics.median(samples)
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for round_index in range(warmup + repeats):
+        shift = round_index % len(sizes)
+        for n in sizes[shift:] + sizes[:shift]:
+            started = time.perf_counter()
+            backend.forward(context[-n:] if len(context) >= n else (context * n)[:n])
+            if round_index >= warmup:
+                samples[n].append(time.perf_counter() - started)
+            backend.truncate(len(context))
+    return {n: statistics.median(times) for n, times in samples.items()}
 
 
-def measure_costs(target: Backend, draft: Backend, context: list[int], max_n: int) -> CostCurve:
-    step = time_pass(target, context, 1)
-    verify = [0.0, 1.0] + [time_pass(target, context, n) / step for n in range(2, max_n + 1)]
-    return CostCurve(step, time_pass(draft, context, 1), verify)
+def measure_costs(
+    target: Backend, draft: Backend, context: list[int], max_n: int, repeats: int = 5
+) -> CostCurve:
+    times = time_passes(target, context, list(range(1, max_n + 1)), repeats)
+    step = times[1]
+    verify = [0.0, 1.0] + [times[n] / step for n in range(2, max_n + 1)]
+    return CostCurve(step, time_passes(draft, context, [1], repeats)[1], verify)
+
+
+def curve_contradiction(costs: CostCurve, runs_step_seconds: float) -> str | None:
+    """Why the curve cannot describe the runs it is meant to predict, or None. A curve
+    whose step differs from the decoding runs' step by more than 25%, or in which a pass
+    of several tokens costs less than 0.8 of one step, was timed in another state of the
+    machine (cold caches, a busy neighbour)."""
+    ratio = costs.step_seconds / runs_step_seconds if runs_step_seconds else 1.0
+    if not 0.75 <= ratio <= 1.25:
+        return f"its step ({costs.step_seconds * 1e3:.1f} ms) is {ratio:.2f}x the runs' step"
+    cheap = [n for n, v in enumerate(costs.verify_cost) if n >= 2 and v < 0.8]
+    if cheap:
+        return f"v({cheap[0]}) = {costs.verify_cost[cheap[0]]:.2f} < 0.8: cheaper than a step"
+    return None
 
 
 @dataclass(frozen=True)
@@ -144,6 +174,12 @@ def tune(
     step = sum(s.stats.target_seconds for s in samples[0]) / max(
         1, sum(s.stats.rounds for s in samples[0])
     )
+    problem = curve_contradiction(costs, step)
+    if problem is not None:  # measured again, now that the machine is warm from the runs
+        first_problem = problem
+        costs = measure_costs(target, draft, prompts[0], max_k + 1)
+        problem = curve_contradiction(costs, step)
+        problem = None if problem is None else f"{first_problem}; re-measured: {problem}"
     speculative = [s for k in ks[1:] for s in samples[k]]
     drafted = sum(s.stats.drafted_tokens for s in speculative)
     rounds = sum(s.stats.rounds for s in speculative)
@@ -155,6 +191,7 @@ def tune(
         "draft_seconds_per_token": draft_per_token,
         "overhead_seconds_per_round": overhead_per_round,
         "repeats": repeats,
+        "curve_contradicts_runs": problem,  # None: the curve agrees with the runs
     }
     rows = []
     for k in ks[1:]:
