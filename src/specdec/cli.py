@@ -185,6 +185,31 @@ def build_parser() -> argparse.ArgumentParser:
         default=16,
         help="largest num_speculative_tokens a request may ask for (default: 16)",
     )
+    cluster = serve.add_argument_group(
+        "replicas on Ray Serve (the cluster extra: pip install -e '.[cluster]')"
+    )
+    cluster.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="serve with N Ray Serve replicas behind Ray's HTTP proxy, each loading the pair "
+        "once (default: one process, no Ray)",
+    )
+    cluster.add_argument(
+        "--address",
+        default=None,
+        help="join this Ray cluster ('auto': the one started with 'ray start --head' here); "
+        "default: start a local one",
+    )
+    cluster.add_argument("--min-replicas", type=int, default=None, help="autoscaling lower bound")
+    cluster.add_argument("--max-replicas", type=int, default=None, help="autoscaling upper bound")
+    cluster.add_argument(
+        "--replica-cpus",
+        type=float,
+        default=1.0,
+        help="CPUs Ray reserves for each replica (default: 1); torch in a replica uses as many "
+        "threads",
+    )
     access = serve.add_argument_group("access")
     access.add_argument(
         "--api-key",
@@ -667,27 +692,17 @@ def _serve(args: argparse.Namespace) -> int:
     from specdec.cli_output import progress_bar
     from specdec.loading import load_backend
     from specdec.server import Scheduler, create_app
-    from specdec.server.guard import LOOPBACK_HOSTS, Limits
 
     if args.max_active < 1 or args.max_queue < 0:
         raise UsageError("--max-active must be >= 1 and --max-queue >= 0")
+    if args.replicas is not None:
+        return _serve_replicas(args)
+    limits, api_key, allowed = _serve_limits(args)  # bad flags fail before any loading
     with progress_bar() as progress:
         target = load_backend(args.target, args.dtype, args.cache_dir, progress)
         draft = None
         if "model" in args.drafter:
             draft = load_backend(args.draft, args.dtype, args.cache_dir, progress).model
-    limits = Limits(
-        max_body_bytes=args.max_body_bytes,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_stop=args.max_stop,
-        max_stop_chars=args.max_stop_chars,
-        max_k=args.max_spec_tokens,
-    )
-    if min(args.max_body_bytes, args.max_stop, args.max_stop_chars) < 1 or args.max_spec_tokens < 0:
-        raise UsageError("request limits must be >= 1 (--max-spec-tokens >= 0)")
-    allowed = args.allowed_host
-    if allowed is None and args.host in LOOPBACK_HOSTS:
-        allowed = list(LOOPBACK_HOSTS)
     scheduler = Scheduler(target.model, target.tokenizer, draft, args.max_active, args.max_queue)
     scheduler.start()
     app = create_app(
@@ -696,8 +711,8 @@ def _serve(args: argparse.Namespace) -> int:
         default_k=args.k,
         default_drafter=args.drafter,
         limits=limits,
-        api_key=args.api_key or os.environ.get("SPECDEC_API_KEY") or None,
-        allowed_hosts=None if allowed is None else tuple(allowed),
+        api_key=api_key,
+        allowed_hosts=allowed,
     )
     try:
         # In-flight requests get 3 s after SIGTERM/Ctrl-C, then the scheduler cancels them.
@@ -706,6 +721,67 @@ def _serve(args: argparse.Namespace) -> int:
         )
     finally:
         scheduler.stop()
+    return 0
+
+
+def _serve_limits(args: argparse.Namespace):
+    from specdec.server.guard import LOOPBACK_HOSTS, Limits
+
+    if min(args.max_body_bytes, args.max_stop, args.max_stop_chars) < 1 or args.max_spec_tokens < 0:
+        raise UsageError("request limits must be >= 1 (--max-spec-tokens >= 0)")
+    limits = Limits(
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_stop=args.max_stop,
+        max_stop_chars=args.max_stop_chars,
+        max_k=args.max_spec_tokens,
+    )
+    allowed = args.allowed_host
+    if allowed is None and args.host in LOOPBACK_HOSTS:
+        allowed = list(LOOPBACK_HOSTS)
+    api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
+    return limits, api_key, None if allowed is None else tuple(allowed)
+
+
+def _serve_replicas(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError("--replicas needs Ray Serve: pip install -e '.[cluster]'")
+    if args.replicas < 1 or (args.min_replicas or 1) < 1 or args.replica_cpus <= 0:
+        raise UsageError("--replicas, --min-replicas must be >= 1 and --replica-cpus > 0")
+    from specdec.server import cluster
+
+    limits, api_key, allowed = _serve_limits(args)
+    config = cluster.ReplicaConfig(
+        target=args.target,
+        draft=args.draft,
+        dtype=args.dtype,
+        cache_dir=args.cache_dir,
+        drafter=args.drafter,
+        k=args.k,
+        max_active=args.max_active,
+        max_queue=args.max_queue,
+        threads=max(1, int(args.replica_cpus)),
+        limits=limits,
+        api_key=api_key,
+        allowed_hosts=allowed,
+        model_name=str(args.target),
+    )
+    sys.stderr.write(
+        f"specdec: {args.replicas} replica(s) on Ray Serve at http://{args.host}:{args.port}; "
+        "Ctrl-C or SIGTERM stops them\n"
+    )
+    cluster.run(
+        config,
+        args.replicas,
+        args.host,
+        args.port,
+        args.address,
+        args.min_replicas,
+        args.max_replicas,
+        args.replica_cpus,
+    )
     return 0
 
 

@@ -72,9 +72,12 @@ def create_app(
     limits: Limits | None = None,
     api_key: str | None = None,
     allowed_hosts: tuple[str, ...] | None = None,
+    replica: str | None = None,
 ) -> FastAPI:
+    """``replica`` names this process among several (Ray Serve): responses carry it as
+    OpenAI's ``system_fingerprint`` and /metrics as ``specdec_replica_info``."""
     limits = limits or Limits()
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(replica)
     scheduler.on_queue_change = metrics.set_queue
 
     @asynccontextmanager
@@ -275,6 +278,7 @@ def create_app(
             "choices": [choice],
             "usage": _usage(job, chunks),
             "spec_stats": chunks[-1].stats.to_dict(),
+            "system_fingerprint": replica,
         }
 
     async def _sse(
@@ -297,6 +301,7 @@ def create_app(
                 "created": created,
                 "model": model_name,
                 "choices": [choice],
+                "system_fingerprint": replica,
                 **(extra or {}),
             }
             return f"data: {json.dumps(payload)}\n\n"

@@ -10,7 +10,7 @@ _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class ServerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, replica: str | None = None) -> None:
         self._drafted_total = self._accepted_total = 0  # the acceptance gauge's inputs
         self.registry = CollectorRegistry()
         r = self.registry
@@ -45,6 +45,10 @@ class ServerMetrics:
         )
         self.queue_length = Gauge("specdec_queue_length", "requests waiting for a slot", registry=r)
         self.active = Gauge("specdec_active_requests", "requests being decoded", registry=r)
+
+        if replica is not None:
+            info = Gauge("specdec_replica_info", "which replica answered", ["replica"], registry=r)
+            info.labels(replica).set(1)
 
     def set_queue(self, waiting: int, active: int) -> None:
         self.queue_length.set(waiting)
