@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 from specdec.config import SamplingParams, SpecConfig
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES, ModelError
@@ -516,9 +517,6 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-DRAFTER_KINDS = ("model", "lookup", "ngram")
-
-
 def k_value(text: str) -> int | str:
     if text == "auto":
         return text
@@ -528,17 +526,14 @@ def k_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
 
 
-def drafter_kinds(spec: str) -> list[str]:
-    """'lookup+model' -> ['lookup', 'model']; 'none' -> []."""
-    if spec == "none":
-        return []
-    kinds = spec.split("+")
-    unknown = [kind for kind in kinds if kind not in DRAFTER_KINDS]
-    if unknown or len(set(kinds)) != len(kinds):
-        raise UsageError(
-            f"--drafter {spec!r}: use none or a '+'-joined list of {', '.join(DRAFTER_KINDS)}"
-        )
-    return kinds
+def drafter_kinds(recipe: str) -> list[str]:
+    """'lookup+model' -> ['lookup', 'model']; 'none' -> [] (drafters.recipe's parser)."""
+    from specdec.drafters.recipe import parse_recipe
+
+    try:
+        return parse_recipe(recipe)
+    except ValueError as error:
+        raise UsageError(f"--{error}") from None
 
 
 def draft_runtime(choice: str, draft: str, cache_dir: str | None = None, progress=None) -> str:
@@ -572,12 +567,12 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
     from specdec.cli_output import progress_bar
     from specdec.drafters import (
         Drafter,
-        FallbackDrafter,
         ModelDrafter,
         NGramDrafter,
         NGramModel,
         PromptLookupDrafter,
     )
+    from specdec.drafters.recipe import build_drafter
     from specdec.engine import Engine
     from specdec.loading import load_backend
 
@@ -592,26 +587,26 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
         )
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
-        drafters: list[Drafter] = []
-        for kind in kinds if args.k != 0 else []:
-            if kind == "model":
-                draft = load_backend(
-                    args.draft,
-                    args.dtype,
-                    args.cache_dir,
-                    progress,
-                    draft_runtime(args.draft_runtime, args.draft, args.cache_dir, progress),
-                    args.gguf_type or "q4_0",
-                )
-                check_same_vocabulary(target, draft)
-                drafters.append(ModelDrafter(draft))
-            elif kind == "lookup":
-                drafters.append(PromptLookupDrafter(args.lookup_max_ngram, args.lookup_min_ngram))
-            else:
-                drafters.append(NGramDrafter(NGramModel.load(args.ngram_model)))
-    if not drafters:
-        return Engine(target)
-    return Engine(target, drafters[0] if len(drafters) == 1 else FallbackDrafter(drafters))
+
+        def model_drafter() -> ModelDrafter:
+            draft = load_backend(
+                args.draft,
+                args.dtype,
+                args.cache_dir,
+                progress,
+                draft_runtime(args.draft_runtime, args.draft, args.cache_dir, progress),
+                args.gguf_type or "q4_0",
+            )
+            check_same_vocabulary(target, draft)
+            return ModelDrafter(draft)
+
+        factories: dict[str, Callable[[], Drafter]] = {
+            "model": model_drafter,
+            "lookup": lambda: PromptLookupDrafter(args.lookup_max_ngram, args.lookup_min_ngram),
+            "ngram": lambda: NGramDrafter(NGramModel.load(args.ngram_model)),
+        }
+        drafter = build_drafter("+".join(kinds) if args.k != 0 and kinds else "none", factories)
+    return Engine(target, drafter)
 
 
 def _cost(args: argparse.Namespace) -> int:

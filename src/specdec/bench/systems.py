@@ -20,13 +20,8 @@ import torch
 from specdec.backends.hf import HFModel
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK
-from specdec.drafters import (
-    Drafter,
-    FallbackDrafter,
-    ModelDrafter,
-    NGramDrafter,
-    PromptLookupDrafter,
-)
+from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
+from specdec.drafters.recipe import available_recipes, build_drafter, describe_recipe
 from specdec.engine import Engine
 from specdec.models import GGUF_TYPES
 
@@ -119,10 +114,10 @@ class SpecdecSystem:
         name: str,
         pool: ModelPool,
         runtime: Runtime,
-        drafters: Callable[[], list],
+        make_drafter: Callable[[], Drafter | None],
         k: int | str,
     ):
-        self.name, self.pool, self.runtime, self.drafters = name, pool, runtime, drafters
+        self.name, self.pool, self.runtime, self.make_drafter = name, pool, runtime, make_drafter
         self.spec = SpecConfig(k=k)
         self.controller: AdaptiveK | None = None
 
@@ -133,14 +128,7 @@ class SpecdecSystem:
         )
 
     def run(self, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
-        drafters = self.drafters()
-        drafter = (
-            None
-            if not drafters
-            else drafters[0]
-            if len(drafters) == 1
-            else FallbackDrafter(drafters)
-        )
+        drafter = self.make_drafter()
         engine = Engine(self.pool.backend("target", self.runtime.target), drafter)
         engine.controller = self.controller
         started = time.perf_counter()
@@ -247,13 +235,7 @@ PEERS: dict[str, tuple[str, dict[str, Any]]] = {
         {"prompt_lookup_num_tokens": 10},
     ),
 }
-DRAFTER_NAMES = {
-    "model": "draft model",
-    "lookup": "prompt lookup",
-    "ngram": "n-gram model",
-    "lookup+model": "prompt lookup else draft model",
-    "lookup+ngram": "prompt lookup else n-gram model",
-}
+DRAFTER_NAMES = available_recipes(["lookup", "model", "ngram"])[1:]  # every recipe but none
 DEFAULT_SYSTEMS = (
     "plain",
     "model-k4",
@@ -287,7 +269,7 @@ def describe(name: str, default_runtime: str = "int8") -> str:
         return PEERS[base][0] + where
     drafter, _, k = base.rpartition("-")
     return (
-        f"specdec, {DRAFTER_NAMES[drafter]}, "
+        f"specdec, {describe_recipe(drafter)}, "
         + ("adaptive k" if k == "auto" else f"k={k[1:]}")
         + where
     )
@@ -298,7 +280,7 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
     a drafter of DRAFTER_NAMES; each optionally ``@RUNTIME``."""
     base, runtime = split_name(name, default_runtime)
     if base == "plain":
-        return SpecdecSystem(name, pool, runtime, lambda: [], 0)
+        return SpecdecSystem(name, pool, runtime, lambda: None, 0)
     if base == "llamacpp":
         return LlamaCppSystem(name, pool, runtime)
     if base in PEERS:
@@ -318,15 +300,15 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
         )
     k = "auto" if k_text == "auto" else int(k_text[1:])
 
-    def drafters():
+    def make_drafter() -> Drafter | None:
         made: dict[str, Callable[[], Drafter]] = {
             "model": lambda: ModelDrafter(pool.backend("draft", runtime.draft)),
             "lookup": PromptLookupDrafter,
             "ngram": lambda: NGramDrafter(ngram),
         }
-        return [made[part]() for part in drafter.split("+")]
+        return build_drafter(drafter, made)
 
-    return SpecdecSystem(name, pool, runtime, drafters, k)
+    return SpecdecSystem(name, pool, runtime, make_drafter, k)
 
 
 def reference_of(name: str, names: list[str], default_runtime: str) -> str:

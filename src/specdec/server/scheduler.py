@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from specdec.backends.hf import HFModel
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK
-from specdec.drafters import Drafter, FallbackDrafter, ModelDrafter, PromptLookupDrafter
+from specdec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from specdec.drafters.recipe import available_recipes, build_drafter
 from specdec.engine import Chunk, Engine
 
 END = None  # marks the end of a job's output queue
@@ -75,8 +76,8 @@ class Scheduler:
 
     @property
     def drafters(self) -> list[str]:
-        kinds = ["none", "lookup"]
-        return kinds + (["model", "lookup+model"] if self.draft_model is not None else [])
+        """The drafter recipes requests may ask for."""
+        return available_recipes(["lookup"] + (["model"] if self.draft_model is not None else []))
 
     @property
     def max_length(self) -> int | None:
@@ -144,16 +145,11 @@ class Scheduler:
             engine.controller = self.controllers.setdefault(key, AdaptiveK(max_k=job.spec.max_k))
         return engine.stream(job.prompt_ids, job.params, job.spec)
 
-    def _drafter(self, kind: str):
-        members: list[Drafter] = []
-        for part in [] if kind == "none" else kind.split("+"):
-            if part == "lookup":
-                members.append(PromptLookupDrafter())
-            elif part == "model":
-                members.append(ModelDrafter(HFModel(self.draft_model)))
-        if not members:
-            return None
-        return members[0] if len(members) == 1 else FallbackDrafter(members)
+    def _drafter(self, recipe: str) -> Drafter | None:
+        factories: dict[str, Callable[[], Drafter]] = {"lookup": PromptLookupDrafter}
+        if self.draft_model is not None:
+            factories["model"] = lambda: ModelDrafter(HFModel(self.draft_model))
+        return build_drafter(recipe, factories)
 
     def _advance(self, job: Job, rounds: Iterator[Chunk]) -> None:
         """One round of one job; a job that is over (done, failed or abandoned) leaves."""

@@ -1,0 +1,38 @@
+"""Drafter recipes: one parser and builder for the CLI, the server and the bench."""
+
+import pytest
+
+from specdec.drafters import FallbackDrafter, PromptLookupDrafter
+from specdec.drafters.recipe import (
+    available_recipes,
+    build_drafter,
+    describe_recipe,
+    parse_recipe,
+)
+
+
+def test_parse_and_describe():
+    assert parse_recipe("lookup+model") == ["lookup", "model"]
+    assert parse_recipe("none") == []
+    assert describe_recipe("lookup+ngram") == "prompt lookup else n-gram model"
+
+
+@pytest.mark.parametrize("bad", ["oracle", "model+model", "lookup+", ""])
+def test_bad_recipes_name_the_choices(bad):
+    with pytest.raises(ValueError, match="model, lookup, ngram"):
+        parse_recipe(bad)
+
+
+def test_build_uses_the_factories_it_is_given():
+    assert build_drafter("none", {}) is None
+    assert isinstance(build_drafter("lookup", {"lookup": PromptLookupDrafter}), PromptLookupDrafter)
+    chain = build_drafter(
+        "lookup+ngram", {"lookup": PromptLookupDrafter, "ngram": PromptLookupDrafter}
+    )
+    assert isinstance(chain, FallbackDrafter) and len(chain.drafters) == 2
+    with pytest.raises(ValueError, match="needs model, which is not available"):
+        build_drafter("lookup+model", {"lookup": PromptLookupDrafter})
+
+
+def test_available_recipes():
+    assert available_recipes(["lookup", "model"]) == ["none", "lookup", "model", "lookup+model"]
