@@ -9,6 +9,12 @@ import pytest
 from specdec.cli import main
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Runtime forms of the tiny models go to a temporary cache, not the user's."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+
+
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory, target_model, draft_model, tokenizer):
     root = tmp_path_factory.mktemp("models")

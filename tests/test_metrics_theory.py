@@ -41,3 +41,20 @@ def test_expected_speedup():
     assert expected_speedup(0.5, 0, 0.3) == 1.0
     with pytest.raises(ValueError):
         expected_speedup(1.2, 2, 0.1)
+
+
+def test_merged_stats_sum_counters_and_recompute_rates():
+    from specdec.metrics import SpecStats
+
+    a, b = SpecStats(), SpecStats()
+    a.record_round(4, 4, True, False, "model")  # 4 drafted, 4 accepted
+    b.record_round(2, 0, False, False, "lookup")  # 2 drafted, 0 accepted
+    b.record_round(0, 0, False, False)
+    total = SpecStats.merged([a, b])
+    assert (total.drafted_tokens, total.accepted_tokens, total.rounds) == (6, 4, 3)
+    assert total.acceptance_rate == 4 / 6  # from the sums, not the mean of 1.0 and 0.0
+    assert total.mean_accepted_length == 1 + 4 / 3
+    assert total.drafted_per_position == [2, 1, 1, 1] and total.alpha == 4 / 5
+    assert set(total.by_drafter) == {"model", "lookup"}
+    again = SpecStats.from_dict(total.to_dict())
+    assert again.to_dict() == total.to_dict()

@@ -8,6 +8,11 @@ Conventions (written once here; the CLI, server and bench read them, never recom
 - ``by_drafter[name]`` = rounds, drafted, accepted and acceptance_rate of the rounds that
   drafter proposed (a composite drafter names its member).
 - ``per_position_acceptance[i]`` = P(draft i accepted | drafts before it accepted).
+- ``alpha`` = the paper's alpha, P(a draft is accepted | the verifier reached it): accepted
+  over reached positions, all positions pooled (tune's formula input).
+- Aggregates over requests or runs are ``SpecStats.merged(...)`` of them: counters add,
+  rates are computed from the sums (never averaged).
+- With no rounds, ``mean_accepted_length`` is 0.0 and the rates 0.0.
 - ``prefill_seconds`` = processing the prompt (both models); ``drafter_seconds`` and
   ``target_seconds`` = the decode phase only; ``overhead_seconds`` = the rest of the wall
   time (verification, sampling, detokenizing, the loop itself).
@@ -17,6 +22,21 @@ Conventions (written once here; the CLI, server and bench read them, never recom
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+_COUNTERS = (
+    "prompt_tokens",
+    "generated_tokens",
+    "rounds",
+    "drafted_tokens",
+    "accepted_tokens",
+    "bonus_tokens",
+    "residual_fallbacks",
+    "target_forwards",
+    "drafter_seconds",
+    "target_seconds",
+    "prefill_seconds",
+    "total_seconds",
+)
 
 
 @dataclass
@@ -69,6 +89,48 @@ class SpecStats:
         return 1.0 + self.accepted_tokens / self.rounds if self.rounds else 0.0
 
     @property
+    def alpha(self) -> float:
+        reached = sum(self.drafted_per_position)
+        return sum(self.accepted_per_position) / reached if reached else 0.0
+
+    @classmethod
+    def merged(cls, parts: list[SpecStats]) -> SpecStats:
+        """One SpecStats for several requests or runs: every counter summed."""
+        total = cls()
+        for part in parts:
+            for name in _COUNTERS:
+                setattr(total, name, getattr(total, name) + getattr(part, name))
+            for mine, theirs in (
+                (total.drafted_per_position, part.drafted_per_position),
+                (total.accepted_per_position, part.accepted_per_position),
+            ):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for i, count in enumerate(theirs):
+                    mine[i] += count
+            for k, n in part.k_per_round.items():
+                total.k_per_round[k] = total.k_per_round.get(k, 0) + n
+            for name, counts in part.by_drafter.items():
+                member = total.by_drafter.setdefault(
+                    name, {"rounds": 0, "drafted": 0, "accepted": 0}
+                )
+                for key in member:
+                    member[key] += counts[key]
+        return total
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SpecStats:
+        """The inverse of ``to_dict`` (counters only; rates are recomputed from them)."""
+        stats = cls(**{name: data[name] for name in _COUNTERS})
+        stats.drafted_per_position = list(data.get("drafted_per_position", []))
+        stats.accepted_per_position = list(data.get("accepted_per_position", []))
+        stats.k_per_round = {int(k): n for k, n in data.get("k_per_round", {}).items()}
+        stats.by_drafter = {
+            name: {key: counts[key] for key in ("rounds", "drafted", "accepted")}
+            for name, counts in data.get("by_drafter", {}).items()
+        }
+        return stats
+
+    @property
     def per_position_acceptance(self) -> list[float]:
         return [
             accepted / drafted if drafted else 0.0
@@ -100,6 +162,8 @@ class SpecStats:
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
             "per_position_acceptance": self.per_position_acceptance,
+            "drafted_per_position": list(self.drafted_per_position),
+            "accepted_per_position": list(self.accepted_per_position),
             "k_per_round": {str(k): n for k, n in sorted(self.k_per_round.items())},
             "by_drafter": {
                 name: {**counts, "acceptance_rate": counts["accepted"] / counts["drafted"]}

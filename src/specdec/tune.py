@@ -110,27 +110,14 @@ class _Sample:
 
 
 def acceptance_summary(samples: list[_Sample]) -> dict:
-    """Acceptance over runs: the rate, the paper's alpha (accepted / reached), per position."""
-    accepted = sum(s.stats.accepted_tokens for s in samples)
-    drafted = sum(s.stats.drafted_tokens for s in samples)
-    rounds = sum(s.stats.rounds for s in samples)
-    per_position: list[list[float]] = []
-    for sample in samples:
-        pairs = zip(
-            sample.stats.accepted_per_position, sample.stats.drafted_per_position, strict=True
-        )
-        for i, (a, d) in enumerate(pairs):
-            while len(per_position) <= i:
-                per_position.append([0.0, 0.0])
-            per_position[i][0] += a
-            per_position[i][1] += d
-    reached = sum(d for _, d in per_position)
+    """Acceptance over runs: the rate, the paper's alpha (accepted / reached), per position
+    (all from ``SpecStats.merged``)."""
+    total = SpecStats.merged([sample.stats for sample in samples])
     return {
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        # The paper's alpha: P(a draft is accepted | the verifier reached it).
-        "alpha": sum(a for a, _ in per_position) / reached if reached else 0.0,
-        "mean_accepted_length": 1 + accepted / rounds if rounds else 1.0,
-        "per_position": [a / d if d else 0.0 for a, d in per_position],
+        "acceptance_rate": total.acceptance_rate,
+        "alpha": total.alpha,
+        "mean_accepted_length": total.mean_accepted_length,
+        "per_position": total.per_position_acceptance,
     }
 
 

@@ -15,6 +15,7 @@ from importlib import resources
 
 from specdec.bench.systems import RunOutput
 from specdec.config import SamplingParams
+from specdec.metrics import SpecStats
 from specdec.prompting import encode_prompt
 
 WORKLOADS = ("code", "edit", "summary", "chat")
@@ -147,9 +148,8 @@ def summarize(runs: list[Run], baseline: str = "plain") -> list[dict]:
             for r in mine
             if base.get((r.prompt_id, r.repeat))
         ]
-        stats = [r.stats for r in mine if r.stats]
-        drafted = sum(s["drafted_tokens"] for s in stats)
-        rounds = sum(s["rounds"] for s in stats)
+        total = SpecStats.merged([SpecStats.from_dict(r.stats) for r in mine if r.stats])
+        drafted = total.drafted_tokens  # a system that never drafted shows no rates
         identical = [r.identical_to_reference for r in mine if r.identical_to_reference is not None]
         ms_per_token = [1000 * r.seconds / r.generated_tokens for r in mine if r.generated_tokens]
         rows.append(
@@ -165,12 +165,8 @@ def summarize(runs: list[Run], baseline: str = "plain") -> list[dict]:
                 "speedup": statistics.median(ratios) if ratios else None,
                 "speedup_min": min(ratios) if ratios else None,
                 "speedup_max": max(ratios) if ratios else None,
-                "acceptance_rate": sum(s["accepted_tokens"] for s in stats) / drafted
-                if drafted
-                else None,
-                "mean_accepted_length": 1 + sum(s["accepted_tokens"] for s in stats) / rounds
-                if rounds and drafted
-                else None,
+                "acceptance_rate": total.acceptance_rate if drafted else None,
+                "mean_accepted_length": total.mean_accepted_length if drafted else None,
                 "identical": sum(identical) / len(identical) if identical else None,
             }
         )
