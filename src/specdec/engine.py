@@ -65,7 +65,15 @@ class Output:
 
 
 class Engine:
-    def __init__(self, target: Backend, drafter: Drafter | None = None):
+    def __init__(
+        self,
+        target: Backend,
+        drafter: Drafter | None = None,
+        controller: AdaptiveK | None = None,
+    ):
+        """``controller``: the k policy of ``k="auto"`` requests. Pass one to share what it
+        learns (acceptance, costs) between engines, as the server does per drafter; else
+        the engine makes its own on the first adaptive request."""
         if drafter is not None and drafter.vocab_size not in (None, target.vocab_size):
             raise ValueError(
                 f"draft vocabulary ({drafter.vocab_size} tokens) differs from the target's "
@@ -74,7 +82,7 @@ class Engine:
         self.target = target
         self.drafter = drafter
         # k="auto" learns acceptance and costs; they carry over to the next request.
-        self.controller: AdaptiveK | None = None
+        self.controller = controller
 
     def generate(
         self,

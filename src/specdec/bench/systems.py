@@ -129,8 +129,7 @@ class SpecdecSystem:
 
     def run(self, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
         drafter = self.make_drafter()
-        engine = Engine(self.pool.backend("target", self.runtime.target), drafter)
-        engine.controller = self.controller
+        engine = Engine(self.pool.backend("target", self.runtime.target), drafter, self.controller)
         started = time.perf_counter()
         out = engine.generate(prompt_ids, params, self.spec if drafter else SpecConfig(k=0))
         seconds = time.perf_counter() - started

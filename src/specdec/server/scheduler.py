@@ -139,10 +139,13 @@ class Scheduler:
             self.on_queue_change(len(self._pending), len(self._active))
 
     def _start(self, job: Job) -> Iterator[Chunk]:
-        engine = Engine(HFModel(self.target_model, self.tokenizer), self._drafter(job.drafter))
-        if job.spec.adaptive:
+        controller = None
+        if job.spec.adaptive:  # one controller per drafter recipe: what one request learns helps
             key = f"{job.drafter}/{job.spec.max_k}"
-            engine.controller = self.controllers.setdefault(key, AdaptiveK(max_k=job.spec.max_k))
+            controller = self.controllers.setdefault(key, AdaptiveK(max_k=job.spec.max_k))
+        engine = Engine(
+            HFModel(self.target_model, self.tokenizer), self._drafter(job.drafter), controller
+        )
         return engine.stream(job.prompt_ids, job.params, job.spec)
 
     def _drafter(self, recipe: str) -> Drafter | None:
