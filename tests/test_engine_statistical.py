@@ -109,7 +109,19 @@ def make_drafter(pair, prompt):
         "lookup+model": lambda: FallbackDrafter(
             [PromptLookupDrafter(), ModelDrafter(backend(draft))]
         ),
+        # FR-Spec: the draft scores 24 of 32 tokens (q = 0 on the rest).
+        "trimmed model": lambda: ModelDrafter(backend(trimmed_copy(draft, range(24)))),
     }
+
+
+def trimmed_copy(model, token_ids):
+    import copy
+
+    from specdec.backends.trim import trim_output_layer
+
+    model = copy.deepcopy(model)
+    trim_output_layer(model, list(token_ids))
+    return model
 
 
 def sample_positions(engine: Engine, prompt, params: SamplingParams, verification: str):
@@ -139,6 +151,10 @@ CASES = (
         for verification in ("rejection", "coupled")
     ]
     + [("lookup+model", "temperature 0.7, top-k 8, top-p 0.9", "rejection")]
+    + [
+        ("trimmed model", "temperature 1", "rejection"),
+        ("trimmed model", "temperature 0.7, top-k 8, top-p 0.9", "coupled"),
+    ]
 )
 
 

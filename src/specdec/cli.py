@@ -250,6 +250,28 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
     )
+    vocab = commands.add_parser("vocab", help="trimmed draft vocabularies")
+    vocab_commands = vocab.add_subparsers(dest="vocab_command", required=True, parser_class=_Parser)
+    vocab_build = vocab_commands.add_parser(
+        "build",
+        help="the most frequent tokens of text files, for generate --draft-vocab",
+        description="Tokenize FILES with the target's tokenizer and keep the --size most "
+        "frequent tokens (plus the special ones). A draft given this file with --draft-vocab "
+        "scores only those tokens (FR-Spec): a cheaper draft step, the same exact output.",
+    )
+    vocab_build.add_argument("files", nargs="+", help="text files like what you will generate")
+    vocab_build.add_argument("-o", "--output", required=True, help="where to save it (JSON)")
+    vocab_build.add_argument(
+        "--size", type=int, default=32768, help="tokens to keep (default: 32768)"
+    )
+    vocab_build.add_argument(
+        "--tokenizer",
+        default=DEFAULT_TARGET,
+        help=f"catalog name or model directory whose tokenizer to use (default: {DEFAULT_TARGET})",
+    )
+    vocab_build.add_argument(
+        "--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
+    )
     models = commands.add_parser(
         "models", help="list the embedded model catalog and its cache status"
     )
@@ -327,6 +349,11 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
         help="lookup: shortest tail worth matching (default: 1)",
     )
     p.add_argument("--ngram-model", help="ngram: a file made by 'specdec ngram build'")
+    p.add_argument(
+        "--draft-vocab",
+        help="model drafter: score only the tokens in this file (made by 'specdec vocab "
+        "build'); a cheaper draft step, the same exact output (transformers drafts)",
+    )
     p.add_argument(
         "-k",
         type=k_value,
@@ -433,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
             return bench_command.run(args)
         if args.command == "ngram":
             return _ngram_build(args)
+        if args.command == "vocab":
+            return _vocab_build(args)
         if args.command == "doctor":
             return _doctor()
         if args.command == "models":
@@ -449,6 +478,17 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("specdec: interrupted\n")
         return 130
     return 0
+
+
+def trim_draft(draft, path: str) -> None:
+    """Restrict a transformers draft's output layer to a vocabulary file's tokens."""
+    from specdec import vocab
+    from specdec.backends.hf import HFModel
+    from specdec.backends.trim import trim_output_layer
+
+    if not isinstance(draft, HFModel):
+        raise UsageError("--draft-vocab needs a transformers draft (--draft-runtime transformers)")
+    trim_output_layer(draft.model, vocab.load(path, draft.vocab_size))
 
 
 def _doctor() -> int:
@@ -594,10 +634,15 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
                 args.dtype,
                 args.cache_dir,
                 progress,
-                draft_runtime(args.draft_runtime, args.draft, args.cache_dir, progress),
+                # A trimmed vocabulary is a transformers feature: auto picks transformers then.
+                "transformers"
+                if args.draft_vocab and args.draft_runtime == "auto"
+                else draft_runtime(args.draft_runtime, args.draft, args.cache_dir, progress),
                 args.gguf_type or "q4_0",
             )
             check_same_vocabulary(target, draft)
+            if args.draft_vocab:
+                trim_draft(draft, args.draft_vocab)
             return ModelDrafter(draft)
 
         factories: dict[str, Callable[[], Drafter]] = {
@@ -780,16 +825,14 @@ def _serve_replicas(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ngram_build(args: argparse.Namespace) -> int:
+def _corpus_tokenizer(args: argparse.Namespace):
+    """The files (checked) and the tokenizer and logits width of --tokenizer."""
     from pathlib import Path
 
     from transformers import AutoConfig, AutoTokenizer
 
-    from specdec.drafters import NGramModel
     from specdec.models import CATALOG, cache_root, ensure_converted, lookup
 
-    if args.order < 2:
-        raise UsageError(f"--order must be >= 2 (2 = bigram), got {args.order}")
     missing = [f for f in args.files if not Path(f).is_file()]
     if missing:
         raise UsageError(f"not a file: {missing[0]}")
@@ -801,7 +844,38 @@ def _ngram_build(args: argparse.Namespace) -> int:
         vocab_size = AutoConfig.from_pretrained(source).vocab_size  # the logits width
     except (OSError, ValueError):
         vocab_size = len(tokenizer)
-    sequences = [tokenizer.encode(Path(f).read_text(errors="replace")) for f in args.files]
+    return [Path(f) for f in args.files], tokenizer, vocab_size
+
+
+def _vocab_build(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specdec import vocab
+
+    if args.size < 1:
+        raise UsageError(f"--size must be >= 1, got {args.size}")
+    files, tokenizer, vocab_size = _corpus_tokenizer(args)
+    counts = vocab.count_tokens((f.read_text(errors="replace") for f in files), tokenizer)
+    special = [int(t) for t in getattr(tokenizer, "all_special_ids", []) if 0 <= t < vocab_size]
+    token_ids = vocab.top_tokens(counts, args.size, special)
+    total = sum(counts.values())
+    covered = sum(counts[t] for t in token_ids)
+    meta = {"files": len(files), "corpus_tokens": total, "coverage": covered / max(1, total)}
+    vocab.save(Path(args.output), token_ids, str(args.tokenizer), vocab_size, meta)
+    sys.stderr.write(
+        f"saved {args.output}: {len(token_ids)} of {vocab_size} tokens cover "
+        f"{100 * meta['coverage']:.2f}% of {total} corpus tokens\n"
+    )
+    return 0
+
+
+def _ngram_build(args: argparse.Namespace) -> int:
+    from specdec.drafters import NGramModel
+
+    if args.order < 2:
+        raise UsageError(f"--order must be >= 2 (2 = bigram), got {args.order}")
+    files, tokenizer, vocab_size = _corpus_tokenizer(args)
+    sequences = [tokenizer.encode(f.read_text(errors="replace")) for f in files]
     model = NGramModel.build(sequences, args.order, vocab_size, tokenizer_name=str(args.tokenizer))
     model.save(args.output)
     tokens = sum(len(s) for s in sequences)

@@ -1,0 +1,103 @@
+"""The draft with a trimmed vocabulary (FR-Spec) against the full one, side by side.
+
+python bench/trimmed_vocab.py VOCAB_FILE [--prompts-per-workload 2] [--max-tokens 48]
+
+Measures, on the default pair (int8 target, int8 draft): the draft's one-token step with
+the full output layer and with the trimmed one (median of 40, interleaved), then decodes the
+shipped code and chat prompts greedily with k=auto, the full and the trimmed draft
+interleaved over two passes, and reports tokens/s, acceptance, mean accepted length and
+whether each output equals plain decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from importlib import resources
+
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends.hf import HFModel
+from specdec.backends.trim import trim_output_layer
+from specdec.doctor import cpu_name
+from specdec.drafters import ModelDrafter
+from specdec.loading import load_backend
+from specdec.prompting import encode_prompt
+from specdec.vocab import load
+
+
+def step_ms(draft: HFModel, context: list[int], repeats: int = 40) -> list[float]:
+    draft.truncate(0)
+    draft.forward(context, last_only=True)
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        draft.forward([context[-1]], last_only=True)
+        samples.append(1000 * (time.perf_counter() - started))
+        draft.truncate(len(context))
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("vocab_file")
+    parser.add_argument("--prompts-per-workload", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    args = parser.parse_args()
+    target = load_backend("qwen2.5-coder-1.5b-instruct", "int8")
+    full = load_backend("qwen2.5-coder-0.5b-instruct", "int8")
+    trimmed = HFModel(copy.deepcopy(full.model), full.tokenizer)
+    ids = load(args.vocab_file, full.vocab_size)
+    trim_output_layer(trimmed.model, ids)
+    context = list(range(1000, 1032))
+    full_steps, trimmed_steps = [], []
+    for _ in range(3):  # interleaved
+        full_steps += step_ms(full, context)
+        trimmed_steps += step_ms(trimmed, context)
+    print(f"CPU: {cpu_name()}; trimmed vocabulary: {len(ids)} of {full.vocab_size} tokens")
+    print(
+        f"draft step: full {statistics.median(full_steps):.2f} ms, trimmed "
+        f"{statistics.median(trimmed_steps):.2f} ms"
+    )
+    engines = {
+        "plain": Engine(target),
+        "full draft": Engine(target, ModelDrafter(full)),
+        "trimmed draft": Engine(target, ModelDrafter(trimmed)),
+    }
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    rows: dict[tuple[str, str], list] = {}
+    for workload in ("code", "chat"):
+        text = resources.files("specdec.bench").joinpath(f"workloads/{workload}.jsonl").read_text()
+        prompts = [json.loads(line) for line in text.splitlines() if line.strip()]
+        for item in prompts[: args.prompts_per_workload]:
+            prompt = encode_prompt(target.tokenizer, item["prompt"], item["template"])
+            for _ in range(2):
+                plain = None
+                for name, engine in engines.items():
+                    target.truncate(0)
+                    out = engine.generate(
+                        prompt, params, SpecConfig(k="auto" if name != "plain" else 0)
+                    )
+                    plain = out.token_ids if name == "plain" else plain
+                    rows.setdefault((workload, name), []).append(
+                        (out.stats, out.token_ids == plain)
+                    )
+    print("| workload | drafter | tok/s median | acceptance | mean accepted length | identical |")
+    print("|---|---|---|---|---|---|")
+    for (workload, name), runs in rows.items():
+        tps = statistics.median(s.tokens_per_second for s, _ in runs)
+        drafted = sum(s.drafted_tokens for s, _ in runs)
+        accepted = sum(s.accepted_tokens for s, _ in runs)
+        rounds = sum(s.rounds for s, _ in runs)
+        same = sum(identical for _, identical in runs)
+        rate = f"{accepted / drafted:.2f}" if drafted else "-"
+        print(
+            f"| {workload} | {name} | {tps:.2f} | {rate} | {1 + accepted / rounds:.2f} "
+            f"| {same}/{len(runs)} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

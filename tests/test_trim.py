@@ -1,0 +1,76 @@
+"""A trimmed draft vocabulary (FR-Spec): q = 0 outside the subset, exact output all the same."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers import VOCAB, backend, perturbed_copy, tiny_llama
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends.int8 import make_int8_batch_invariant
+from specdec.backends.trim import trim_output_layer
+from specdec.cli import main
+from specdec.drafters import ModelDrafter
+from specdec.sampling import Sampler
+
+SUBSET = list(range(0, VOCAB, 2)) + [1, 3, 5]  # 19 of 32 tokens
+
+
+def trimmed(model, ids=SUBSET):
+    trim_output_layer(model, ids)
+    return model
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_draft_probs_vanish_outside_the_subset_and_sum_to_one(int8):
+    model = perturbed_copy(tiny_llama(seed=0), noise=0.03, seed=1)
+    model = make_int8_batch_invariant(model) if int8 else model
+    drafter = ModelDrafter(backend(trimmed(model)))
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[SUBSET] = False
+    for seed in range(20):
+        sampler = Sampler(SamplingParams(temperature=0.9, top_p=0.95, seed=seed))
+        proposal = drafter.propose([3, 1, 4, 1, 5], 4, sampler)
+        assert proposal.draft_probs is not None
+        for token, row in zip(proposal.token_ids, proposal.draft_probs, strict=True):
+            assert token in SUBSET and row[token] > 0
+            assert torch.isclose(row.sum(), torch.tensor(1.0)) and (row[outside] == 0).all()
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_with_a_trimmed_draft_equals_plain(target_model, k):
+    draft = trimmed(perturbed_copy(target_model, noise=0.03, seed=1))
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    for prompt in ([5, 9, 2], [7] * 20):
+        expected = Engine(backend(target_model)).generate(prompt, params).token_ids
+        out = Engine(backend(target_model), ModelDrafter(backend(draft))).generate(
+            prompt, params, SpecConfig(k=k)
+        )
+        assert out.token_ids == expected
+    # Tokens outside the subset still reach the output: the target emits them itself.
+    assert set(expected) - set(SUBSET) or out.stats.drafted_tokens > 0
+
+
+def test_vocab_build_and_its_errors(tmp_path, capsys, target_model, tokenizer):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat. the end\n" * 20)
+    directory = tmp_path / "model"
+    target_model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    out = tmp_path / "vocab.json"
+    args = ["vocab", "build", str(corpus), "-o", str(out), "--tokenizer", str(directory)]
+    assert main([*args, "--size", "5"]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["vocab_size"] == VOCAB and 5 <= len(saved["token_ids"]) <= 6  # + <eos>
+    assert "cover" in capsys.readouterr().err
+    assert main([*args[:2], str(tmp_path / "missing.txt"), *args[3:]]) == 2
+    assert main([*args, "--size", "0"]) == 2
+    from specdec import vocab
+
+    with pytest.raises(ValueError, match="made for a 32-token vocabulary"):
+        vocab.load(out, 151936)
+    (tmp_path / "other.json").write_text("{}")
+    with pytest.raises(ValueError, match="specdec vocab build"):
+        vocab.load(tmp_path / "other.json", VOCAB)
