@@ -98,6 +98,10 @@ def test_system_names_parse_drafter_k_and_runtime():
     assert reference_of("model-k4@q4_0", names, "int8") == "plain@q4_0"
     assert reference_of("model-k4", names, "int8") == "plain"
     assert reference_of("llamacpp", names, "int8") == "plain"  # no plain@q4_k_m in this run
+    # llama.cpp's own speculation is judged against llama.cpp's own plain loop.
+    assert reference_of("llamacpp-lookup", names, "int8") == "llamacpp"
+    assert make_system("llamacpp-lookup", pool).runtime == Runtime("q4_k_m", "q4_k_m")
+    assert "prompt-lookup" in describe("llamacpp-lookup")
     with pytest.raises(ValueError, match="needs --ngram-model"):
         make_system("ngram-k4", pool)
     with pytest.raises(ValueError, match="unknown system"):
@@ -139,3 +143,32 @@ def test_systems_on_other_runtimes_are_judged_by_their_own_plain(tmp_path):
     assert rows["model-k2@float32"]["identical"] == 1.0
     assert {p["system"] for p in result["theory"]} == {"model-k2@float32", "model-k2"}
     assert "ms/token" in (tmp_path / "results.md").read_text()
+
+
+def test_a_workload_file_of_the_users_own_prompts(tmp_path):
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text(
+        '{"id": "a", "prompt": "the cat", "template": "raw"}\n\n{"prompt": "a dog"}\n'
+    )
+    out = tmp_path / "out"
+    args = ["bench", "--quick", "--systems", "plain,lookup-k2", "--repeats", "1"]
+    assert main([*args, "--workload-file", str(prompts), "--out", str(out)]) == 0
+    rows = json.loads((out / "results.json").read_text())["summary"]
+    assert {row["workload"] for row in rows} == {"mine"}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"prompt": "ok"}\n{"prompt": 3}\n', "line 2: needs a non-empty string field 'prompt'"),
+        ('{"prompt": "ok"}\nnot json\n', "line 2: not valid JSON"),
+        ('{"prompt": "ok", "template": "poem"}\n', "line 1: template must be raw or chat"),
+        ("\n\n", "no prompts in it"),
+    ],
+)
+def test_a_bad_workload_file_is_one_clear_line(tmp_path, capsys, content, message):
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text(content)
+    assert main(["bench", "--quick", "--workload-file", str(prompts)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -127,3 +127,20 @@ def test_the_self_test_passes_on_this_build(model, tmp_path):
     gguf = ensure_gguf(CATALOG[DRAFT], cache_root())
     result = llamacpp_works(gguf, tmp_path / "probe.json")
     assert result.ok, result.reason
+
+
+def test_llamacpp_lookup_system_decodes_what_llamacpp_decodes(model, tmp_path):
+    """llama.cpp's own prompt-lookup speculation, as a bench system, on the 0.5B: its greedy
+    output equals llama.cpp's own plain loop (the reference it is judged against)."""
+    import json
+
+    from specdec.cli import main
+
+    out = tmp_path / "bench"
+    args = ["bench", "--systems", "llamacpp,llamacpp-lookup", "--workloads", "edit"]
+    args += ["--prompts-per-workload", "1", "--max-tokens", "16", "--repeats", "1"]
+    args += ["--target", DRAFT, "--draft", DRAFT, "--out", str(out)]
+    assert main(args) == 0
+    rows = json.loads((out / "results.json").read_text())["summary"]
+    lookup = next(row for row in rows if row["system"] == "llamacpp-lookup")
+    assert lookup["reference"] == "llamacpp" and lookup["identical"] == 1.0

@@ -9,7 +9,14 @@ import platform
 import sys
 from pathlib import Path
 
-from specdec.bench.harness import WORKLOADS, load_workloads, run_benchmark, runs_to_json, summarize
+from specdec.bench.harness import (
+    WORKLOADS,
+    load_workload_file,
+    load_workloads,
+    run_benchmark,
+    runs_to_json,
+    summarize,
+)
 from specdec.bench.report import write_reports
 from specdec.bench.systems import DEFAULT_SYSTEMS, ModelPool, describe, make_system, reference_of
 from specdec.config import SamplingParams
@@ -45,7 +52,8 @@ def add_parser(commands) -> None:
         "--systems",
         default=",".join(DEFAULT_SYSTEMS),
         help="comma-separated: plain, hf-generate, hf-assisted, hf-lookup, llamacpp (llama.cpp's "
-        "own loop), and DRAFTER-kN or DRAFTER-auto with DRAFTER one of model, lookup, "
+        "own loop), llamacpp-lookup (its own loop with its prompt-lookup speculation), "
+        "and DRAFTER-kN or DRAFTER-auto with DRAFTER one of model, lookup, "
         "ngram, lookup+model, lookup+ngram. Each may end in @RUNTIME: a transformers "
         "dtype (int8, bfloat16, float32) or a llama.cpp GGUF type (q4_k_m, q8_0, q4_0, "
         "f16, bf16), optionally TARGET/DRAFT, e.g. model-auto@int8/q4_0 "
@@ -57,6 +65,11 @@ def add_parser(commands) -> None:
         "--workloads",
         default=",".join(WORKLOADS),
         help=f"comma-separated, from {', '.join(WORKLOADS)}",
+    )
+    p.add_argument(
+        "--workload-file",
+        help="your own prompts instead of the shipped workloads: JSON lines with 'prompt', "
+        "'template' (raw or chat; default raw) and 'id'",
     )
     p.add_argument(
         "--prompts-per-workload", type=int, default=8, help="prompts of each workload (default: 8)"
@@ -89,7 +102,10 @@ def run(args: argparse.Namespace) -> int:
         make_system(name, checker, ngram, args.dtype)
     per_workload = 2 if args.quick else args.prompts_per_workload
     max_tokens = 12 if args.quick else args.max_tokens
-    items = load_workloads([w.strip() for w in args.workloads.split(",")], per_workload)
+    if args.workload_file:
+        items = load_workload_file(args.workload_file, per_workload)
+    else:
+        items = load_workloads([w.strip() for w in args.workloads.split(",")], per_workload)
     params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
     pool, target_label = _pool(args)
     systems = {name: make_system(name, pool, ngram, args.dtype) for name in names}

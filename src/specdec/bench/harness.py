@@ -42,6 +42,37 @@ def load_workloads(names=WORKLOADS, per_workload: int | None = None) -> list[Pro
     return items
 
 
+def load_workload_file(path: str, per_workload: int | None = None) -> list[PromptItem]:
+    """The user's own prompts: JSON lines with ``prompt`` (required), ``template`` (raw or
+    chat, default raw) and ``id`` (default: the line number). Bad lines are refused with
+    their line number. The workload is named after the file."""
+    from pathlib import Path
+
+    file = Path(path)
+    try:
+        lines = file.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--workload-file {path}: cannot read it ({error})") from None
+    items = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"--workload-file {path}, line {number}"
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise ValueError(f"{where}: not valid JSON") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
+            raise ValueError(f"{where}: needs a non-empty string field 'prompt'")
+        template = row.get("template", "raw")
+        if template not in ("raw", "chat"):
+            raise ValueError(f"{where}: template must be raw or chat, got {template!r}")
+        items.append(PromptItem(str(row.get("id", number)), file.stem, template, row["prompt"]))
+    if not items:
+        raise ValueError(f"--workload-file {path}: no prompts in it")
+    return items[:per_workload]
+
+
 @dataclass(frozen=True)
 class Run:
     system: str

@@ -206,26 +206,72 @@ class LlamaCppSystem:
 
     def run(self, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
         model = self.pool.backend("target", self.runtime.target)  # its cache emptied
-        llama = model.llama
-        started = time.perf_counter()
-        token_ids: list[int] = []
-        for token in llama.generate(
-            prompt_ids,
-            temp=params.temperature or 0.0,
-            reset=True,
-            top_k=params.top_k or 0,
-            top_p=params.top_p,
-            min_p=0.0,
-            repeat_penalty=1.0,
-        ):
-            token_ids.append(int(token))
-            if int(token) in model.eos_token_ids or len(token_ids) >= params.max_tokens:
-                break
-        seconds = time.perf_counter() - started
-        model.truncate(0)  # generate moved llama.cpp's state under the backend: start clean
-        return RunOutput(token_ids, seconds, None)
+        return _llama_generate(model, model.llama, prompt_ids, params)
 
 
+class LlamaCppLookupSystem:
+    """llama.cpp's own prompt-lookup speculation (llama-cpp-python's
+    ``LlamaPromptLookupDecoding``, 10 tokens a round) in its own generate loop. It needs a
+    Llama with logits for every position, so it loads its own context of the same GGUF."""
+
+    NUM_PRED_TOKENS = 10
+    N_CTX = 4096
+
+    def __init__(self, name: str, pool: ModelPool, runtime: Runtime):
+        if is_transformers(runtime.target):
+            raise ValueError(f"system {name!r}: llamacpp-lookup runs a GGUF type")
+        self.name, self.pool, self.runtime = name, pool, runtime
+        self._llama: Any = None  # its own Llama, made on the first run
+
+    @property
+    def needs(self) -> set[tuple[str, str]]:
+        return {("target", self.runtime.target)}
+
+    def run(self, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
+        model = self.pool.backend("target", self.runtime.target)
+        if self._llama is None:
+            from llama_cpp import Llama
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            self._llama = Llama(
+                model_path=model.llama.model_path,
+                n_ctx=self.N_CTX,
+                n_threads=os.cpu_count() or 1,
+                n_threads_batch=os.cpu_count() or 1,
+                draft_model=LlamaPromptLookupDecoding(num_pred_tokens=self.NUM_PRED_TOKENS),
+                verbose=False,
+            )
+        if len(prompt_ids) + params.max_tokens > self.N_CTX:
+            raise ValueError(f"{self.name}: prompt + max_tokens over its {self.N_CTX} context")
+        return _llama_generate(model, self._llama, prompt_ids, params)
+
+
+def _llama_generate(model, llama, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
+    """llama-cpp-python's own generate loop and sampler, timed; ``model`` gives the EOS ids
+    and is left with an empty cache."""
+    started = time.perf_counter()
+    token_ids: list[int] = []
+    for token in llama.generate(
+        prompt_ids,
+        temp=params.temperature or 0.0,
+        reset=True,
+        top_k=params.top_k or 0,
+        top_p=params.top_p,
+        min_p=0.0,
+        repeat_penalty=1.0,
+    ):
+        token_ids.append(int(token))
+        if int(token) in model.eos_token_ids or len(token_ids) >= params.max_tokens:
+            break
+    seconds = time.perf_counter() - started
+    model.truncate(0)  # generate moved llama.cpp's state under the backend: start clean
+    return RunOutput(token_ids, seconds, None)
+
+
+LLAMACPP_LOOPS = {
+    "llamacpp": "",
+    "llamacpp-lookup": " with its prompt-lookup speculation (10 tokens)",
+}
 PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "hf-generate": ("transformers generate(), target alone", {}),
     "hf-assisted": ("transformers assisted generation, same draft", {"assistant": True}),
@@ -249,7 +295,7 @@ DEFAULT_SYSTEMS = (
 
 def split_name(name: str, default_runtime: str) -> tuple[str, Runtime]:
     base, _, runtime = name.partition("@")
-    if base == "llamacpp" and not runtime:
+    if base in LLAMACPP_LOOPS and not runtime:
         runtime = "q4_k_m"
     return base, Runtime.parse(runtime or default_runtime)
 
@@ -259,10 +305,10 @@ def describe(name: str, default_runtime: str = "int8") -> str:
     where = f" [{runtime.label}]"
     if base == "plain":
         return "specdec, target alone" + where
-    if base == "llamacpp":
+    if base in LLAMACPP_LOOPS:
         return (
-            f"llama.cpp's own generate loop, the target's GGUF ({runtime.target}), "
-            f"{os.cpu_count()} threads"
+            f"llama.cpp's own generate loop{LLAMACPP_LOOPS[base]}, the target's GGUF "
+            f"({runtime.target}), {os.cpu_count()} threads"
         )
     if base in PEERS:
         return PEERS[base][0] + where
@@ -282,6 +328,8 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
         return SpecdecSystem(name, pool, runtime, lambda: None, 0)
     if base == "llamacpp":
         return LlamaCppSystem(name, pool, runtime)
+    if base == "llamacpp-lookup":
+        return LlamaCppLookupSystem(name, pool, runtime)
     if base in PEERS:
         return HFGenerateSystem(name, pool, runtime, **PEERS[base][1])
     drafter, _, k_text = base.rpartition("-")
@@ -289,7 +337,8 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
         k_text == "auto" or (k_text[:1] == "k" and k_text[1:].isdigit())
     ):
         raise ValueError(
-            f"unknown system {name!r}; use plain, llamacpp, {', '.join(PEERS)}, or DRAFTER-kN / "
+            f"unknown system {name!r}; use plain, {', '.join(LLAMACPP_LOOPS)}, "
+            f"{', '.join(PEERS)}, or DRAFTER-kN / "
             f"DRAFTER-auto with DRAFTER one of {', '.join(DRAFTER_NAMES)}; each may end "
             "in @RUNTIME"
         )
@@ -312,8 +361,15 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
 
 def reference_of(name: str, names: list[str], default_runtime: str) -> str:
     """The plain system of the same target runtime, when the run has one; else ``plain``.
-    Token identity is judged against it: different runtimes round differently."""
-    target = split_name(name, default_runtime)[1].target
+    Token identity is judged against it: different runtimes round differently. llama.cpp's
+    own speculation is judged against llama.cpp's own plain loop, when the run has it."""
+    base, runtime_of_name = split_name(name, default_runtime)
+    if base == "llamacpp-lookup":
+        for other in names:
+            other_base, other_runtime = split_name(other, default_runtime)
+            if other_base == "llamacpp" and other_runtime == runtime_of_name:
+                return other
+    target = runtime_of_name.target
     for other in names:
         base, runtime = split_name(other, default_runtime)
         if base == "plain" and runtime.target == target:
