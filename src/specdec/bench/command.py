@@ -53,6 +53,7 @@ def add_parser(commands) -> None:
         default=",".join(DEFAULT_SYSTEMS),
         help="comma-separated: plain, hf-generate, hf-assisted, hf-lookup, llamacpp (llama.cpp's "
         "own loop), llamacpp-lookup (its own loop with its prompt-lookup speculation), "
+        "openvino and openvino-lookup (OpenVINO GenAI on the target's GGUF, the peers extra), "
         "and DRAFTER-kN or DRAFTER-auto with DRAFTER one of model, lookup, "
         "ngram, lookup+model, lookup+ngram. Each may end in @RUNTIME: a transformers "
         "dtype (int8, bfloat16, float32) or a llama.cpp GGUF type (q4_k_m, q8_0, q4_0, "
@@ -188,7 +189,15 @@ def _pool(args: argparse.Namespace) -> tuple[ModelPool, str]:
             gguf_type=gguf_type,
         )
 
-    return ModelPool(load_tokenizer(args.target, args.cache_dir), load_hf, load_gguf), args.target
+    def gguf_file(role: str):
+        from specdec.models import CATALOG, cache_root, ensure_gguf, lookup
+
+        if specs[role] not in CATALOG:
+            raise ValueError(f"{specs[role]!r} is not a catalog model: no GGUF file to read")
+        return ensure_gguf(lookup(specs[role]), cache_root(args.cache_dir))
+
+    pool = ModelPool(load_tokenizer(args.target, args.cache_dir), load_hf, load_gguf, gguf_file)
+    return pool, args.target
 
 
 def torch_dtype(name: str):

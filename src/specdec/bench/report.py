@@ -37,8 +37,8 @@ def markdown_table(rows: list[dict], descriptions: dict[str, str]) -> str:
     lines.append(
         "\\* identical: the same tokens as the plain run on the system's own target runtime "
         "(`plain@RUNTIME`) when the run has one, else as `plain`; runtimes round differently. "
-        "llama.cpp's own speculation (`llamacpp-lookup`) is judged against llama.cpp's own "
-        "plain loop (`llamacpp`) when the run has it."
+        "A peer's own speculation (`llamacpp-lookup`, `openvino-lookup`) is judged against "
+        "that peer's own plain run (`llamacpp`, `openvino`) when the run has it."
     )
     lines.append("")
     lines += [f"- `{name}`: {text}" for name, text in descriptions.items()]

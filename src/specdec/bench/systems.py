@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from specdec.backends.hf import HFModel
+from specdec.bench.openvino import SYSTEMS as OPENVINO_SYSTEMS
+from specdec.bench.openvino import OpenVinoSystem
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
@@ -70,9 +72,16 @@ class ModelPool:
     progress)`` a ``LlamaCppModel`` (one per file, shared by every system on it).
     """
 
-    def __init__(self, tokenizer, load_hf: Callable, load_gguf: Callable | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        load_hf: Callable,
+        load_gguf: Callable | None = None,
+        gguf_file: Callable | None = None,
+    ):
         self.tokenizer = tokenizer
         self._load_hf, self._load_gguf = load_hf, load_gguf
+        self._gguf_file = gguf_file  # role -> the catalog's GGUF path, for peers that read it
         self.progress = None  # set while loading, for the loaders' progress bars
         self._loaded: dict[tuple[str, str], object] = {}
 
@@ -86,6 +95,11 @@ class ModelPool:
         model = self._get(role, runtime)
         model.truncate(0)
         return model
+
+    def gguf_file(self, role: str):
+        if self._gguf_file is None:
+            raise ValueError("this system reads the catalog's GGUF file: use catalog models")
+        return self._gguf_file(role)
 
     def load(self, needs: set[tuple[str, str]]) -> None:
         for role, runtime in sorted(needs):
@@ -295,7 +309,7 @@ DEFAULT_SYSTEMS = (
 
 def split_name(name: str, default_runtime: str) -> tuple[str, Runtime]:
     base, _, runtime = name.partition("@")
-    if base in LLAMACPP_LOOPS and not runtime:
+    if (base in LLAMACPP_LOOPS or base in OPENVINO_SYSTEMS) and not runtime:
         runtime = "q4_k_m"
     return base, Runtime.parse(runtime or default_runtime)
 
@@ -305,6 +319,8 @@ def describe(name: str, default_runtime: str = "int8") -> str:
     where = f" [{runtime.label}]"
     if base == "plain":
         return "specdec, target alone" + where
+    if base in OPENVINO_SYSTEMS:
+        return f"{OPENVINO_SYSTEMS[base]}, the target's GGUF (q4_k_m) read by OpenVINO"
     if base in LLAMACPP_LOOPS:
         return (
             f"llama.cpp's own generate loop{LLAMACPP_LOOPS[base]}, the target's GGUF "
@@ -330,6 +346,8 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
         return LlamaCppSystem(name, pool, runtime)
     if base == "llamacpp-lookup":
         return LlamaCppLookupSystem(name, pool, runtime)
+    if base in OPENVINO_SYSTEMS:
+        return OpenVinoSystem(name, pool.gguf_file, prompt_lookup=base == "openvino-lookup")
     if base in PEERS:
         return HFGenerateSystem(name, pool, runtime, **PEERS[base][1])
     drafter, _, k_text = base.rpartition("-")
@@ -338,6 +356,7 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
     ):
         raise ValueError(
             f"unknown system {name!r}; use plain, {', '.join(LLAMACPP_LOOPS)}, "
+            f"{', '.join(OPENVINO_SYSTEMS)}, "
             f"{', '.join(PEERS)}, or DRAFTER-kN / "
             f"DRAFTER-auto with DRAFTER one of {', '.join(DRAFTER_NAMES)}; each may end "
             "in @RUNTIME"
@@ -364,11 +383,11 @@ def reference_of(name: str, names: list[str], default_runtime: str) -> str:
     Token identity is judged against it: different runtimes round differently. llama.cpp's
     own speculation is judged against llama.cpp's own plain loop, when the run has it."""
     base, runtime_of_name = split_name(name, default_runtime)
-    if base == "llamacpp-lookup":
-        for other in names:
-            other_base, other_runtime = split_name(other, default_runtime)
-            if other_base == "llamacpp" and other_runtime == runtime_of_name:
-                return other
+    own_plain = {"llamacpp-lookup": "llamacpp", "openvino-lookup": "openvino"}.get(base)
+    for other in names if own_plain else []:
+        other_base, other_runtime = split_name(other, default_runtime)
+        if other_base == own_plain and other_runtime == runtime_of_name:
+            return other
     target = runtime_of_name.target
     for other in names:
         base, runtime = split_name(other, default_runtime)
