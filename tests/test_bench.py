@@ -172,3 +172,15 @@ def test_a_bad_workload_file_is_one_clear_line(tmp_path, capsys, content, messag
     assert main(["bench", "--quick", "--workload-file", str(prompts)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_sampled_runs_with_a_seed_are_judged_by_text_for_specdec_systems(tmp_path):
+    """Coupled verification: sampled specdec output equals specdec plain's with the seed."""
+    out = tmp_path / "sampled"
+    args = ["bench", "--quick", "--systems", "plain,model-k2,lookup+model-auto", "--repeats", "1"]
+    args += ["--temperature", "0.8", "--seed", "7", "--workloads", "code,chat"]
+    assert main([*args, "--out", str(out)]) == 0
+    rows = json.loads((out / "results.json").read_text())["summary"]
+    speculative = [row for row in rows if row["system"] != "plain"]
+    assert speculative and all(row["identical"] == 1.0 for row in speculative)
+    assert any(row["acceptance_rate"] for row in speculative)

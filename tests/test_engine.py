@@ -86,11 +86,13 @@ def test_a_seeded_request_gives_plain_decodings_output_whatever_k_and_the_drafte
     prompt = tokenizer.encode("seed")
     reference = plain.generate(prompt, SAMPLED).token_ids
     lookup_engine = Engine(plain.target, PromptLookupDrafter())
+    accepted = 0
     for spec in (SpecConfig(k=1), SpecConfig(k=4), SpecConfig(k=8), SpecConfig(k="auto")):
         out = engine.generate(prompt, SAMPLED, spec)
         assert out.token_ids == reference, spec
         assert lookup_engine.generate(prompt, SAMPLED, spec).token_ids == reference, spec
-    assert out.stats.accepted_tokens > 0, "drafts were accepted on the way"
+        accepted += out.stats.accepted_tokens if spec.k != "auto" else 0
+    assert accepted > 0, "drafts were accepted on the way (fixed k always drafts)"
     other = plain.generate(prompt, replace(SAMPLED, seed=4321)).token_ids
     assert other != reference
 

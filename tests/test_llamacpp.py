@@ -114,9 +114,11 @@ def test_int8_target_with_llamacpp_q4_0_draft_equals_plain_int8():
     for text in ("def merge_sort(items):\n", "Write a haiku about the sea."):
         prompt = target.tokenizer.encode(text)
         plain = Engine(target).generate(prompt, params, SpecConfig(k=0))
-        speculative = engine.generate(prompt, params, SpecConfig(k="auto"))
-        assert speculative.token_ids == plain.token_ids
-        assert speculative.stats.drafted_tokens > 0
+        # A fixed k drafts every round; k=auto may learn that this draft (the target's own
+        # size here) does not pay and stop drafting, which is its job, not a failure.
+        fixed = engine.generate(prompt, params, SpecConfig(k=4))
+        assert fixed.token_ids == plain.token_ids and fixed.stats.drafted_tokens > 0
+        assert engine.generate(prompt, params, SpecConfig(k="auto")).token_ids == plain.token_ids
 
 
 def test_the_self_test_passes_on_this_build(model, tmp_path):

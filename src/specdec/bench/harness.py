@@ -131,13 +131,24 @@ def run_benchmark(
                         len(out.token_ids),
                         out.seconds,
                         len(out.token_ids) / out.seconds if out.seconds else 0.0,
-                        (out.token_ids == outputs[reference].token_ids) if params.greedy else None,
+                        (out.token_ids == outputs[reference].token_ids)
+                        if _comparable(out, outputs[reference], params)
+                        else None,
                         reference,
                         out.stats,
                         out.token_ids,
                     )
                 )
     return runs
+
+
+def _comparable(out: RunOutput, reference: RunOutput, params: SamplingParams) -> bool:
+    """Whether two outputs must be the same text: greedy decoding, or two specdec runs
+    sampled with a seed (coupled verification: the text is plain decoding's by design). A
+    peer's sampler draws differently; there only the distribution is the target's."""
+    if params.greedy:
+        return True
+    return params.seed is not None and out.stats is not None and reference.stats is not None
 
 
 def _warm_up(systems: dict, prompt_ids: list[int], params: SamplingParams) -> None:

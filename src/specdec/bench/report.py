@@ -38,7 +38,9 @@ def markdown_table(rows: list[dict], descriptions: dict[str, str]) -> str:
         "\\* identical: the same tokens as the plain run on the system's own target runtime "
         "(`plain@RUNTIME`) when the run has one, else as `plain`; runtimes round differently. "
         "A peer's own speculation (`llamacpp-lookup`, `openvino-lookup`) is judged against "
-        "that peer's own plain run (`llamacpp`, `openvino`) when the run has it."
+        "that peer's own plain run (`llamacpp`, `openvino`) when the run has it. Sampled with a "
+        "seed, specdec systems verify with coupled randomness, so their text must equal "
+        "specdec plain's; peers sampled are not compared by text (n/a)."
     )
     lines.append("")
     lines += [f"- `{name}`: {text}" for name, text in descriptions.items()]
