@@ -102,6 +102,10 @@ def test_system_names_parse_drafter_k_and_runtime():
     assert reference_of("llamacpp-lookup", names, "int8") == "llamacpp"
     assert make_system("llamacpp-lookup", pool).runtime == Runtime("q4_k_m", "q4_k_m")
     assert "prompt-lookup" in describe("llamacpp-lookup")
+    assert reference_of("openvino-int4-model", ["plain", "openvino-int4"], "int8") == (
+        "openvino-int4"
+    )
+
     with pytest.raises(ValueError, match="needs --ngram-model"):
         make_system("ngram-k4", pool)
     with pytest.raises(ValueError, match="unknown system"):
@@ -112,6 +116,13 @@ def test_system_names_parse_drafter_k_and_runtime():
         make_system("hf-generate@q8_0", pool)
     with pytest.raises(ValueError, match="GGUF type"):
         make_system("llamacpp@int8", pool)
+
+
+def test_openvino_int4_systems_say_how_to_export(tmp_path):
+    from specdec.bench.openvino import exported_dir
+
+    with pytest.raises(ValueError, match="bench/openvino_export.sh"):
+        exported_dir(tmp_path, "qwen2.5-coder-1.5b-instruct")
 
 
 def test_systems_on_other_runtimes_are_judged_by_their_own_plain(tmp_path):

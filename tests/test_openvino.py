@@ -26,3 +26,21 @@ def test_openvino_plain_and_prompt_lookup_decode_the_same_tokens(tmp_path):
     assert lookup["reference"] == "openvino" and lookup["identical"] == 1.0
     plain = next(row for row in rows if row["system"] == "openvino")
     assert plain["tokens_per_second"] > 0
+
+
+def test_openvino_with_the_draft_model_decodes_what_it_decodes_alone(tmp_path):
+    """The exported INT4 pair (bench/openvino_export.sh): OpenVINO's speculative decoding
+    with the 0.5B draft gives its own plain output."""
+    from specdec.cli import main
+    from specdec.models import cache_root
+
+    exported = cache_root() / "openvino"
+    if not (exported / "qwen2.5-coder-0.5b-instruct-int4" / "openvino_model.xml").is_file():
+        pytest.skip("the pair is not exported (run bench/openvino_export.sh)")
+    out = tmp_path / "bench"
+    args = ["bench", "--systems", "openvino-int4,openvino-int4-model", "--workloads", "code"]
+    args += ["--prompts-per-workload", "1", "--max-tokens", "16", "--repeats", "1"]
+    assert main([*args, "--out", str(out)]) == 0
+    rows = json.loads((out / "results.json").read_text())["summary"]
+    speculative = next(row for row in rows if row["system"] == "openvino-int4-model")
+    assert speculative["reference"] == "openvino-int4" and speculative["identical"] == 1.0

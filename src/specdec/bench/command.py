@@ -54,6 +54,8 @@ def add_parser(commands) -> None:
         help="comma-separated: plain, hf-generate, hf-assisted, hf-lookup, llamacpp (llama.cpp's "
         "own loop), llamacpp-lookup (its own loop with its prompt-lookup speculation), "
         "openvino and openvino-lookup (OpenVINO GenAI on the target's GGUF, the peers extra), "
+        "openvino-int4 and openvino-int4-model (the pair exported by "
+        "bench/openvino_export.sh; with the 0.5B draft), "
         "and DRAFTER-kN or DRAFTER-auto with DRAFTER one of model, lookup, "
         "ngram, lookup+model, lookup+ngram. Each may end in @RUNTIME: a transformers "
         "dtype (int8, bfloat16, float32) or a llama.cpp GGUF type (q4_k_m, q8_0, q4_0, "
@@ -196,7 +198,14 @@ def _pool(args: argparse.Namespace) -> tuple[ModelPool, str]:
             raise ValueError(f"{specs[role]!r} is not a catalog model: no GGUF file to read")
         return ensure_gguf(lookup(specs[role]), cache_root(args.cache_dir))
 
-    pool = ModelPool(load_tokenizer(args.target, args.cache_dir), load_hf, load_gguf, gguf_file)
+    def openvino_dir(role: str):
+        from specdec.bench.openvino import exported_dir
+        from specdec.models import cache_root
+
+        return exported_dir(cache_root(args.cache_dir), specs[role])
+
+    tokenizer = load_tokenizer(args.target, args.cache_dir)
+    pool = ModelPool(tokenizer, load_hf, load_gguf, gguf_file, openvino_dir)
     return pool, args.target
 
 

@@ -1,11 +1,13 @@
-"""OpenVINO GenAI as bench peers: Intel's CPU inference library, plain and with its own
-prompt-lookup speculation, reading the target's GGUF file directly (the peers extra).
+"""OpenVINO GenAI as bench peers: Intel's CPU inference library (the peers extra).
 
-Measured here: OpenVINO GenAI 2026.4.1 loads the catalog's 1.5B Q4_K_M GGUF (about 8 s) but
-refuses the 0.5B's (``gguf_tensor_to_f16 failed``), and a draft model must be an OpenVINO
-directory made by ``optimum-cli export openvino``, whose requirements (optimum-intel, nncf)
-would replace this project's pinned torch; so the draft-model configuration is not a system
-here. Identity is judged against OpenVINO's own plain run (its numerics are not ours).
+- ``openvino``, ``openvino-lookup``: the target's Q4_K_M GGUF read directly, plain and with
+  OpenVINO's own prompt-lookup speculation.
+- ``openvino-int4``, ``openvino-int4-model``: the pair exported once to OpenVINO IR with INT4
+  weights (``bench/openvino_export.sh``: optimum-intel in a separate venv, since it would
+  replace this project's pinned torch), plain and with the 0.5B as OpenVINO's draft model.
+  A draft must be an OpenVINO directory: OpenVINO GenAI 2026.4.1 refuses the 0.5B GGUF here
+  (``gguf_tensor_to_f16 failed``).
+Identity is judged against the same OpenVINO form's plain run (its numerics are not ours).
 """
 
 from __future__ import annotations
@@ -18,20 +20,29 @@ from specdec.config import SamplingParams
 
 NUM_ASSISTANT_TOKENS = 5
 MAX_NGRAM_SIZE = 3
+DRAFT_TOKENS = 4  # num_assistant_tokens with the draft model, as measured by hand before
 SYSTEMS = {
-    "openvino": "OpenVINO GenAI, target alone",
+    "openvino": "OpenVINO GenAI, target alone, the target's GGUF (q4_k_m)",
     "openvino-lookup": (
         f"OpenVINO GenAI prompt lookup ({NUM_ASSISTANT_TOKENS} tokens, n-grams up to "
-        f"{MAX_NGRAM_SIZE})"
+        f"{MAX_NGRAM_SIZE}), the target's GGUF (q4_k_m)"
+    ),
+    "openvino-int4": "OpenVINO GenAI, target alone, INT4 OpenVINO IR",
+    "openvino-int4-model": (
+        f"OpenVINO GenAI with the 0.5B draft ({DRAFT_TOKENS} tokens a round), INT4 OpenVINO IR"
     ),
 }
+OWN_PLAIN = {"openvino-lookup": "openvino", "openvino-int4-model": "openvino-int4"}
 
 
 class OpenVinoSystem:
-    """One ``LLMPipeline`` over the target's GGUF, made on the first run."""
+    """One ``LLMPipeline``, made on the first run. ``model_file(role)`` gives the GGUF file
+    (GGUF systems) or the exported directory (INT4 systems) of "target" or "draft"."""
 
-    def __init__(self, name: str, gguf_file, prompt_lookup: bool):
-        self.name, self.gguf_file, self.prompt_lookup = name, gguf_file, prompt_lookup
+    def __init__(self, name: str, model_file):
+        self.name, self.model_file = name, model_file
+        self.prompt_lookup = name == "openvino-lookup"
+        self.with_draft = name == "openvino-int4-model"
         self._pipeline: Any = None
         self.load_seconds: float | None = None
 
@@ -60,9 +71,12 @@ class OpenVinoSystem:
                 raise ValueError(
                     f"system {self.name!r} needs OpenVINO GenAI: pip install -e '.[peers]'"
                 ) from None
-            path: Path = self.gguf_file("target")
+            path: Path = self.model_file("target")
             started = time.perf_counter()
-            options = {"prompt_lookup": True} if self.prompt_lookup else {}
+            options: dict[str, Any] = {"prompt_lookup": True} if self.prompt_lookup else {}
+            if self.with_draft:
+                draft = str(self.model_file("draft"))
+                options["draft_model"] = openvino_genai.draft_model(draft, "CPU")
             self._pipeline = openvino_genai.LLMPipeline(str(path), "CPU", **options)
             self.load_seconds = time.perf_counter() - started
         return self._pipeline
@@ -82,4 +96,14 @@ class OpenVinoSystem:
         if self.prompt_lookup:
             config.num_assistant_tokens = NUM_ASSISTANT_TOKENS
             config.max_ngram_size = MAX_NGRAM_SIZE
+        if self.with_draft:
+            config.num_assistant_tokens = DRAFT_TOKENS
         return config
+
+
+def exported_dir(cache_root: Path, name: str) -> Path:
+    """Where ``bench/openvino_export.sh`` puts a catalog model's INT4 OpenVINO IR."""
+    path = cache_root / "openvino" / f"{name}-int4"
+    if not (path / "openvino_model.xml").is_file():
+        raise ValueError(f"{path} is missing: export the pair once with bench/openvino_export.sh")
+    return path

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from specdec.backends.hf import HFModel
+from specdec.bench.openvino import OWN_PLAIN as OPENVINO_OWN_PLAIN
 from specdec.bench.openvino import SYSTEMS as OPENVINO_SYSTEMS
 from specdec.bench.openvino import OpenVinoSystem
 from specdec.config import SamplingParams, SpecConfig
@@ -78,10 +79,12 @@ class ModelPool:
         load_hf: Callable,
         load_gguf: Callable | None = None,
         gguf_file: Callable | None = None,
+        openvino_dir: Callable | None = None,
     ):
         self.tokenizer = tokenizer
         self._load_hf, self._load_gguf = load_hf, load_gguf
         self._gguf_file = gguf_file  # role -> the catalog's GGUF path, for peers that read it
+        self._openvino_dir = openvino_dir  # role -> the exported OpenVINO IR directory
         self.progress = None  # set while loading, for the loaders' progress bars
         self._loaded: dict[tuple[str, str], object] = {}
 
@@ -100,6 +103,11 @@ class ModelPool:
         if self._gguf_file is None:
             raise ValueError("this system reads the catalog's GGUF file: use catalog models")
         return self._gguf_file(role)
+
+    def openvino_dir(self, role: str):
+        if self._openvino_dir is None:
+            raise ValueError("this system reads exported OpenVINO models: use catalog models")
+        return self._openvino_dir(role)
 
     def load(self, needs: set[tuple[str, str]]) -> None:
         for role, runtime in sorted(needs):
@@ -320,7 +328,7 @@ def describe(name: str, default_runtime: str = "int8") -> str:
     if base == "plain":
         return "specdec, target alone" + where
     if base in OPENVINO_SYSTEMS:
-        return f"{OPENVINO_SYSTEMS[base]}, the target's GGUF (q4_k_m) read by OpenVINO"
+        return OPENVINO_SYSTEMS[base]
     if base in LLAMACPP_LOOPS:
         return (
             f"llama.cpp's own generate loop{LLAMACPP_LOOPS[base]}, the target's GGUF "
@@ -347,7 +355,8 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
     if base == "llamacpp-lookup":
         return LlamaCppLookupSystem(name, pool, runtime)
     if base in OPENVINO_SYSTEMS:
-        return OpenVinoSystem(name, pool.gguf_file, prompt_lookup=base == "openvino-lookup")
+        model_file = pool.openvino_dir if "int4" in base else pool.gguf_file
+        return OpenVinoSystem(name, model_file)
     if base in PEERS:
         return HFGenerateSystem(name, pool, runtime, **PEERS[base][1])
     drafter, _, k_text = base.rpartition("-")
@@ -383,7 +392,7 @@ def reference_of(name: str, names: list[str], default_runtime: str) -> str:
     Token identity is judged against it: different runtimes round differently. llama.cpp's
     own speculation is judged against llama.cpp's own plain loop, when the run has it."""
     base, runtime_of_name = split_name(name, default_runtime)
-    own_plain = {"llamacpp-lookup": "llamacpp", "openvino-lookup": "openvino"}.get(base)
+    own_plain = {"llamacpp-lookup": "llamacpp", **OPENVINO_OWN_PLAIN}.get(base)
     for other in names if own_plain else []:
         other_base, other_runtime = split_name(other, default_runtime)
         if other_base == own_plain and other_runtime == runtime_of_name:
