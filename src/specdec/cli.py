@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prints the CPU, its SIMD features, the software versions and optional "
         "extras, then checks the int8 runtime's promise on this machine: a random model at "
         "the default target's layer sizes scores blocks of 2..12 tokens bit for bit as "
-        "one-token steps, at 1, 2, 3, 4, 8 threads and this machine's count (about 20 s). "
+        "one-token steps, at 1, 2, 3, 4, 8 threads and this machine's count (seconds). "
         "Exit code 1 if any block differs.",
     )
     return parser
