@@ -40,10 +40,11 @@ def cluster(model_dirs):
     from ray import serve
 
     from specdec.server import cluster
+    from specdec.server.setup import ServerConfig
 
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     port = free_port()
-    config = cluster.ReplicaConfig(
+    config = ServerConfig(
         target=str(model_dirs[0]),
         draft=str(model_dirs[1]),
         dtype="float32",

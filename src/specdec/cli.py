@@ -730,30 +730,17 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from specdec.cli_output import progress_bar
-    from specdec.loading import load_backend
-    from specdec.server import Scheduler, create_app
+    from specdec.server.setup import build_app, build_scheduler
 
     if args.max_active < 1 or args.max_queue < 0:
         raise UsageError("--max-active must be >= 1 and --max-queue >= 0")
     if args.replicas is not None:
         return _serve_replicas(args)
-    limits, api_key, allowed = _serve_limits(args)  # bad flags fail before any loading
+    config = _server_config(args, threads=None)  # bad flags fail before any loading
     with progress_bar() as progress:
-        target = load_backend(args.target, args.dtype, args.cache_dir, progress)
-        draft = None
-        if "model" in args.drafter:
-            draft = load_backend(args.draft, args.dtype, args.cache_dir, progress).model
-    scheduler = Scheduler(target.model, target.tokenizer, draft, args.max_active, args.max_queue)
+        scheduler = build_scheduler(config, progress)
     scheduler.start()
-    app = create_app(
-        scheduler,
-        model_name=str(args.target),
-        default_k=args.k,
-        default_drafter=args.drafter,
-        limits=limits,
-        api_key=api_key,
-        allowed_hosts=allowed,
-    )
+    app = build_app(config, scheduler)
     try:
         # In-flight requests get 3 s after SIGTERM/Ctrl-C, then the scheduler cancels them.
         uvicorn.run(
@@ -764,8 +751,10 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_limits(args: argparse.Namespace):
+def _server_config(args: argparse.Namespace, threads: int | None):
+    """The serve flags as one ServerConfig (limits checked, Host names and API key settled)."""
     from specdec.server.guard import LOOPBACK_HOSTS, Limits
+    from specdec.server.setup import ServerConfig
 
     if min(args.max_body_bytes, args.max_stop, args.max_stop_chars) < 1 or args.max_spec_tokens < 0:
         raise UsageError("request limits must be >= 1 (--max-spec-tokens >= 0)")
@@ -779,8 +768,21 @@ def _serve_limits(args: argparse.Namespace):
     allowed = args.allowed_host
     if allowed is None and args.host in LOOPBACK_HOSTS:
         allowed = list(LOOPBACK_HOSTS)
-    api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
-    return limits, api_key, None if allowed is None else tuple(allowed)
+    return ServerConfig(
+        target=args.target,
+        draft=args.draft,
+        dtype=args.dtype,
+        cache_dir=args.cache_dir,
+        drafter=args.drafter,
+        k=args.k,
+        max_active=args.max_active,
+        max_queue=args.max_queue,
+        threads=threads,
+        limits=limits,
+        api_key=args.api_key or os.environ.get("SPECDEC_API_KEY") or None,
+        allowed_hosts=None if allowed is None else tuple(allowed),
+        model_name=str(args.target),
+    )
 
 
 def _serve_replicas(args: argparse.Namespace) -> int:
@@ -792,22 +794,7 @@ def _serve_replicas(args: argparse.Namespace) -> int:
         raise UsageError("--replicas, --min-replicas must be >= 1 and --replica-cpus > 0")
     from specdec.server import cluster
 
-    limits, api_key, allowed = _serve_limits(args)
-    config = cluster.ReplicaConfig(
-        target=args.target,
-        draft=args.draft,
-        dtype=args.dtype,
-        cache_dir=args.cache_dir,
-        drafter=args.drafter,
-        k=args.k,
-        max_active=args.max_active,
-        max_queue=args.max_queue,
-        threads=max(1, int(args.replica_cpus)),
-        limits=limits,
-        api_key=api_key,
-        allowed_hosts=allowed,
-        model_name=str(args.target),
-    )
+    config = _server_config(args, threads=max(1, int(args.replica_cpus)))
     sys.stderr.write(
         f"specdec: {args.replicas} replica(s) on Ray Serve at http://{args.host}:{args.port}; "
         "Ctrl-C or SIGTERM stops them\n"

@@ -13,69 +13,24 @@ with that replica's counters; ``specdec_replica_info{replica=...}`` says which.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
-from specdec.server.guard import Limits
+from specdec.server.setup import ServerConfig, build_app, build_scheduler
 
 APP_NAME = "specdec"
-
-
-@dataclass(frozen=True)
-class ReplicaConfig:
-    """What every replica needs to build its own models, scheduler and app."""
-
-    target: str
-    draft: str | None
-    dtype: str = "int8"
-    cache_dir: str | None = None
-    drafter: str = "model"
-    k: int | str = "auto"
-    max_active: int = 4
-    max_queue: int = 16
-    threads: int | None = None  # torch threads per replica (None: torch's default)
-    limits: Limits = field(default_factory=Limits)
-    api_key: str | None = None
-    allowed_hosts: tuple[str, ...] | None = None
-    model_name: str | None = None  # as clients name it (default: target)
 
 
 class SpecdecReplica:
     """One replica: the pair, a scheduler, the app (built by Ray through
     ``__serve_build_asgi_app__`` after the constructor)."""
 
-    def __init__(self, config: ReplicaConfig):
-        import torch
-
-        from specdec.loading import load_backend
-        from specdec.server import Scheduler
-
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        target = load_backend(config.target, config.dtype, config.cache_dir)
-        draft = None
-        if config.draft is not None and "model" in config.drafter:
-            draft = load_backend(config.draft, config.dtype, config.cache_dir).model
-        self.scheduler = Scheduler(
-            target.model, target.tokenizer, draft, config.max_active, config.max_queue
-        )
+    def __init__(self, config: ServerConfig):
+        self.scheduler = build_scheduler(config)
         self.scheduler.start()
         self.config = config
         self.replica = _replica_name()
 
     def __serve_build_asgi_app__(self):
-        from specdec.server import create_app
-
-        config = self.config
-        return create_app(
-            self.scheduler,
-            model_name=config.model_name or config.target,
-            default_k=config.k,
-            default_drafter=config.drafter,
-            limits=config.limits,
-            api_key=config.api_key,
-            allowed_hosts=config.allowed_hosts,
-            replica=self.replica,
-        )
+        return build_app(self.config, self.scheduler, self.replica)
 
     def __del__(self):
         self.scheduler.stop()
@@ -91,7 +46,7 @@ def _replica_name() -> str:
 
 
 def build_application(
-    config: ReplicaConfig,
+    config: ServerConfig,
     replicas: int,
     min_replicas: int | None = None,
     max_replicas: int | None = None,
@@ -116,7 +71,7 @@ def build_application(
 
 
 def run(
-    config: ReplicaConfig,
+    config: ServerConfig,
     replicas: int,
     host: str,
     port: int,
@@ -124,7 +79,6 @@ def run(
     min_replicas: int | None = None,
     max_replicas: int | None = None,
     replica_cpus: float = 1.0,
-    blocking: bool = True,
 ):
     """Start (or join, ``address``) a Ray cluster, deploy, serve until interrupted, then
     shut Serve and Ray down."""
@@ -136,8 +90,6 @@ def run(
     serve.start(http_options={"host": host, "port": port})
     app = build_application(config, replicas, min_replicas, max_replicas, replica_cpus)
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-    if not blocking:
-        return
     try:
         import signal
         import threading

@@ -1,0 +1,62 @@
+"""One server's configuration, and how it becomes a running scheduler and an app.
+
+Shared by ``specdec serve`` in one process and by every Ray Serve replica
+(``server/cluster.py``), so both load the pair and build the app the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI
+
+from specdec.server.app import create_app
+from specdec.server.guard import Limits
+from specdec.server.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    target: str
+    draft: str | None
+    dtype: str = "int8"
+    cache_dir: str | None = None
+    drafter: str = "model"
+    k: int | str = "auto"
+    max_active: int = 4
+    max_queue: int = 16
+    threads: int | None = None  # torch threads (None: torch's default)
+    limits: Limits = field(default_factory=Limits)
+    api_key: str | None = None
+    allowed_hosts: tuple[str, ...] | None = None
+    model_name: str | None = None  # as clients name it (default: target)
+
+
+def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
+    """Load the pair (the draft only when the default drafter uses it) into a scheduler,
+    not started yet."""
+    import torch
+
+    from specdec.loading import load_backend
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    extra = [progress] if progress is not None else []
+    target = load_backend(config.target, config.dtype, config.cache_dir, *extra)
+    draft = None
+    if config.draft is not None and "model" in config.drafter:
+        draft = load_backend(config.draft, config.dtype, config.cache_dir, *extra).model
+    return Scheduler(target.model, target.tokenizer, draft, config.max_active, config.max_queue)
+
+
+def build_app(config: ServerConfig, scheduler: Scheduler, replica: str | None = None) -> FastAPI:
+    return create_app(
+        scheduler,
+        model_name=config.model_name or config.target,
+        default_k=config.k,
+        default_drafter=config.drafter,
+        limits=config.limits,
+        api_key=config.api_key,
+        allowed_hosts=config.allowed_hosts,
+        replica=replica,
+    )
