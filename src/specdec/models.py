@@ -341,33 +341,37 @@ def _convert(entry: CatalogEntry, gguf: Path, out_dir: Path) -> None:
 
 
 def _write_marker(directory: Path, entry: CatalogEntry, seconds: float) -> None:
-    files = {f.name: f.stat().st_size for f in sorted(directory.iterdir()) if f.is_file()}
-    marker = {
-        "format": CACHE_FORMAT,
-        "name": entry.name,
-        "source_sha256": entry.sha256,
-        "files": files,
-        "convert_seconds": round(seconds, 1),
-    }
-    (directory / MARKER).write_text(json.dumps(marker, indent=1))
+    fields = {"format": CACHE_FORMAT, "name": entry.name, "source_sha256": entry.sha256}
+    write_marker(directory, MARKER, fields | {"convert_seconds": round(seconds, 1)})
 
 
 def _marker_ok(directory: Path, entry: CatalogEntry) -> bool:
     """True only for a finished build of this exact source whose files are all intact in size."""
+    marker = read_marker(directory, MARKER, {"format": CACHE_FORMAT, "source_sha256": entry.sha256})
+    return marker is not None and any(name.endswith(".safetensors") for name in marker["files"])
+
+
+def write_marker(directory: Path, name: str, fields: dict) -> None:
+    """Written last into a cache entry: ``fields`` and the size of every file beside it."""
+    files = {f.name: f.stat().st_size for f in sorted(directory.iterdir()) if f.is_file()}
+    (directory / name).write_text(json.dumps(fields | {"files": files}, indent=1))
+
+
+def read_marker(directory: Path, name: str, expected: dict) -> dict | None:
+    """The marker of a finished entry whose ``expected`` fields match and whose listed files
+    are all there, intact in size; None for anything else (missing, stale, truncated)."""
     try:
-        marker = json.loads((directory / MARKER).read_text())
+        marker = json.loads((directory / name).read_text())
     except (OSError, ValueError):
-        return False
-    if marker.get("format") != CACHE_FORMAT or marker.get("source_sha256") != entry.sha256:
-        return False
+        return None
+    if not isinstance(marker, dict) or any(marker.get(k) != v for k, v in expected.items()):
+        return None
     files = marker.get("files") or {}
-    if not any(name.endswith(".safetensors") for name in files):
-        return False
-    for name, size in files.items():
-        path = directory / name
+    for file_name, size in files.items():
+        path = directory / file_name
         if not path.is_file() or path.stat().st_size != size:
-            return False
-    return True
+            return None
+    return marker | {"files": files}
 
 
 @contextlib.contextmanager

@@ -62,6 +62,8 @@ def save(model: nn.Module, source: Path, directory: Path) -> None:
     """Write ``model`` (already on the int8 runtime) as its runtime form, atomically."""
     from safetensors.torch import save_file
 
+    from specdec.models import write_marker
+
     building = directory.with_name(directory.name + ".building")
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
@@ -81,9 +83,7 @@ def save(model: nn.Module, source: Path, directory: Path) -> None:
     for name in _COPIED:
         if (source / name).is_file():
             shutil.copy2(source / name, building / name)
-    files = {path.name: path.stat().st_size for path in building.iterdir()}
-    marker = {"format": FORMAT, "source": source_fingerprint(source), "files": files}
-    (building / MARKER).write_text(json.dumps(marker, indent=1))
+    write_marker(building, MARKER, {"format": FORMAT, "source": source_fingerprint(source)})
     shutil.rmtree(directory, ignore_errors=True)  # whatever is there failed the check
     building.replace(directory)
 
