@@ -114,6 +114,9 @@ class Sampler:
         self.coupled = coupled and not params.greedy
         # A coupled request without a seed still needs one key for all its positions.
         self.seed = params.seed if params.seed is not None else self.generator.initial_seed()
+        # Noise rows by position: the drafter draws a position's noise and the verifier
+        # needs the same row right after; it is a pure function of (seed, position).
+        self._noise: dict[int, torch.Tensor] = {}
 
     @property
     def greedy(self) -> bool:
@@ -123,8 +126,17 @@ class Sampler:
         return logits_to_probs(logits, self.params)
 
     def noise(self, start: int, count: int, vocab: int) -> torch.Tensor:
-        """Noise rows for positions start .. start + count - 1.  -> [count, vocab]"""
-        return torch.stack([position_noise(self.seed, start + i, vocab) for i in range(count)])
+        """Noise rows for positions start .. start + count - 1.  -> [count, vocab]
+        Positions before ``start`` are settled: their rows are dropped."""
+        for position in [p for p in self._noise if p < start]:
+            del self._noise[position]
+        return torch.stack([self._position_noise(start + i, vocab) for i in range(count)])
+
+    def _position_noise(self, position: int, vocab: int) -> torch.Tensor:
+        row = self._noise.get(position)
+        if row is None or row.shape[0] != vocab:
+            row = self._noise[position] = position_noise(self.seed, position, vocab)
+        return row
 
     def pick(
         self, logits: torch.Tensor, position: int | None = None
@@ -137,5 +149,5 @@ class Sampler:
         probs = self.probs(logits.unsqueeze(0))[0]
         if self.coupled:
             assert position is not None, "coupled sampling is keyed by the sequence position"
-            return int(race(probs, position_noise(self.seed, position, probs.shape[0]))), probs
+            return int(race(probs, self._position_noise(position, probs.shape[0]))), probs
         return sample(probs, self.generator), probs

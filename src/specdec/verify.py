@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import race, sample
+from specdec.sampling import sample
 
 # A residual with less mass than this is float noise (the two distributions are equal
 # up to rounding): sampling from it would amplify the noise, so fall back to the target.
@@ -109,13 +109,10 @@ def verify_coupled(
     noise: torch.Tensor,  # [k + 1, vocab]: position_noise of each scored position
 ) -> VerifyResult:
     """Accept the longest prefix of drafts equal to the target's keyed samples."""
-    k = draft_token_ids.shape[0]
-    assert target_probs.shape[0] == k + 1, "target must score k + 1 positions"
     assert noise.shape == target_probs.shape, "one noise row per scored position"
-    target_ids = race(target_probs, noise)  # [k + 1]: what plain decoding would emit
-    num_accepted = _leading_true(draft_token_ids == target_ids[:k])
-    token_ids = draft_token_ids[:num_accepted].tolist() + [int(target_ids[num_accepted])]
-    return VerifyResult(token_ids, num_accepted, bonus=num_accepted == k)
+    # The greedy rule on the race's scores: their argmax (``sampling.race``) is the target's
+    # keyed sample at each position, what plain decoding would emit.
+    return verify_greedy(draft_token_ids, target_probs.double() / noise)
 
 
 def residual_distribution(
