@@ -56,7 +56,7 @@ def load_hf(
 
     ``int8``: from the runtime form cached under ``int8_cache`` when there is one for this
     model (built and written on first use), else quantized in memory."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # ours, not one per weight file
@@ -66,18 +66,20 @@ def load_hf(
     directory = Path(path).expanduser()
     if not (directory / "config.json").is_file():
         raise ValueError(f"{path!s} is not a transformers model directory (no config.json in it)")
-    if dtype == "int8" and int8_cache is not None:
+    model: PreTrainedModel
+    if dtype != "int8":
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
+    elif int8_cache is None:
+        from specdec.backends.int8 import make_int8_batch_invariant
+
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        make_int8_batch_invariant(model, progress)
+    else:
         from specdec.backends import int8_cache as runtime_cache
 
         model = runtime_cache.load_or_build(
             directory, int8_cache / _cache_name(directory), progress
         )
-    else:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
-    if dtype == "int8" and int8_cache is None:
-        from specdec.backends.int8 import make_int8_batch_invariant
-
-        make_int8_batch_invariant(model, progress)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
     except (OSError, ValueError):

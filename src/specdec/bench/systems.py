@@ -219,7 +219,7 @@ class LlamaCppSystem:
 
     def __init__(self, name: str, pool: ModelPool, runtime: Runtime):
         if is_transformers(runtime.target):
-            raise ValueError(f"system {name!r}: llamacpp runs a GGUF type (e.g. llamacpp@q4_k_m)")
+            raise ValueError(f"system {name!r}: llama.cpp runs a GGUF type (e.g. NAME@q4_k_m)")
         self.name, self.pool, self.runtime = name, pool, runtime
 
     @property
@@ -228,10 +228,13 @@ class LlamaCppSystem:
 
     def run(self, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
         model = self.pool.backend("target", self.runtime.target)  # its cache emptied
-        return _llama_generate(model, model.llama, prompt_ids, params)
+        return _llama_generate(model, self._llama(model, prompt_ids, params), prompt_ids, params)
+
+    def _llama(self, model, prompt_ids: list[int], params: SamplingParams):
+        return model.llama
 
 
-class LlamaCppLookupSystem:
+class LlamaCppLookupSystem(LlamaCppSystem):
     """llama.cpp's own prompt-lookup speculation (llama-cpp-python's
     ``LlamaPromptLookupDecoding``, 10 tokens a round) in its own generate loop. It needs a
     Llama with logits for every position, so it loads its own context of the same GGUF."""
@@ -240,22 +243,17 @@ class LlamaCppLookupSystem:
     N_CTX = 4096
 
     def __init__(self, name: str, pool: ModelPool, runtime: Runtime):
-        if is_transformers(runtime.target):
-            raise ValueError(f"system {name!r}: llamacpp-lookup runs a GGUF type")
-        self.name, self.pool, self.runtime = name, pool, runtime
-        self._llama: Any = None  # its own Llama, made on the first run
+        super().__init__(name, pool, runtime)
+        self._own: Any = None  # its own Llama, made on the first run
 
-    @property
-    def needs(self) -> set[tuple[str, str]]:
-        return {("target", self.runtime.target)}
-
-    def run(self, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
-        model = self.pool.backend("target", self.runtime.target)
-        if self._llama is None:
+    def _llama(self, model, prompt_ids: list[int], params: SamplingParams):
+        if len(prompt_ids) + params.max_tokens > self.N_CTX:
+            raise ValueError(f"{self.name}: prompt + max_tokens over its {self.N_CTX} context")
+        if self._own is None:
             from llama_cpp import Llama
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-            self._llama = Llama(
+            self._own = Llama(
                 model_path=model.llama.model_path,
                 n_ctx=self.N_CTX,
                 n_threads=os.cpu_count() or 1,
@@ -263,9 +261,7 @@ class LlamaCppLookupSystem:
                 draft_model=LlamaPromptLookupDecoding(num_pred_tokens=self.NUM_PRED_TOKENS),
                 verbose=False,
             )
-        if len(prompt_ids) + params.max_tokens > self.N_CTX:
-            raise ValueError(f"{self.name}: prompt + max_tokens over its {self.N_CTX} context")
-        return _llama_generate(model, self._llama, prompt_ids, params)
+        return self._own
 
 
 def _llama_generate(model, llama, prompt_ids: list[int], params: SamplingParams) -> RunOutput:

@@ -202,9 +202,8 @@ def create_app(
         if isinstance(first, Exception):
             raise _as_api_error(first)
         ttft = time.perf_counter() - job.submitted
-        response_id = f"{'chatcmpl' if isinstance(body, ChatCompletionRequest) else 'cmpl'}-"
-        response_id += uuid.uuid4().hex[:24]
         chat = isinstance(body, ChatCompletionRequest)
+        response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         if body.stream:
             return StreamingResponse(
                 _sse(job, first, ttft, response_id, chat), media_type="text/event-stream"
