@@ -41,3 +41,55 @@ def assert_same_distribution(counts: np.ndarray, expected_probs: np.ndarray) -> 
         f"distribution differs from the target (chi-square p = {p_value:.2e})"
     )
     return p_value
+
+
+def tiny_heads(model, kind: str, steps: int = 240, vocab_count: int = 24, seed: int = 0):
+    """Heads of ``kind`` trained for ``steps`` steps (seconds) on the tiny ``model``'s own
+    samples. Returns (heads, training record)."""
+    import torch
+
+    from specdec import Engine, SamplingParams
+    from specdec.backends.trim import TrimmedHead
+    from specdec.heads.data import Shard
+    from specdec.heads.load import Heads
+    from specdec.heads.nets import HeadsConfig, build
+    from specdec.heads.train import output_rows, train, trimmed_vocabulary
+
+    target = HFModel(model)
+    target.keep_hidden_states()
+    tokens, features = [], []
+    for s in range(12):
+        text = Engine(target).generate(
+            [1 + s % 20, 2], SamplingParams(temperature=1.0, max_tokens=62, seed=s, ignore_eos=True)
+        )
+        chunk = [1 + s % 20, 2] + text.token_ids
+        target.truncate(0)
+        target.forward(chunk)
+        tokens.append(chunk)
+        features.append(target.hidden_states().to(torch.float16).clone())
+    shard = Shard(torch.tensor(tokens), torch.stack(features))
+    config = HeadsConfig(
+        kind=kind,
+        fingerprint="tiny",
+        hidden_size=model.config.hidden_size,
+        vocab_size=model.config.vocab_size,
+        token_ids=trimmed_vocabulary(shard.tokens, vocab_count, [EOS_ID]),
+        num_heads=4,
+        intermediate_size=64,
+        target_config=model.config.to_dict(),
+    )
+    torch.manual_seed(seed)  # test-only: the heads' initial weights
+    net = build(config)
+    record = train(
+        config,
+        net,
+        output_rows(target, config.token_ids),
+        shard,
+        10.0,
+        model.get_input_embeddings(),
+        batch_chunks=4,
+        learning_rate=3e-3,
+        max_steps=steps,
+    )
+    output = TrimmedHead(model.get_output_embeddings(), config.token_ids, config.vocab_size)
+    return Heads(config, net, output), record

@@ -33,6 +33,7 @@ from helpers import (
     assert_same_distribution,
     backend,
     perturbed_copy,
+    tiny_heads,
     tiny_llama,
 )
 from specdec import Engine, SamplingParams, SpecConfig
@@ -102,7 +103,20 @@ def make_drafter(pair, prompt):
         for s in range(30)
     ]
     ngram = NGramModel.build(corpus, order=3, vocab_size=VOCAB)
+    # Heads trained on the target's own samples; they score 24 of 32 tokens (q = 0 on the
+    # rest) and read the target's features, so each request's drafter wraps its backend.
+    heads = {kind: tiny_heads(target, kind)[0] for kind in ("medusa", "eagle")}
+
+    def with_heads(kind):
+        def engine() -> Engine:
+            backend_ = backend(target)
+            return Engine(backend_, heads[kind].drafter(backend_))
+
+        return engine
+
     return {
+        "medusa": with_heads("medusa"),
+        "eagle": with_heads("eagle"),
         "model": lambda: ModelDrafter(backend(draft)),
         "lookup": PromptLookupDrafter,
         "ngram": lambda: NGramDrafter(ngram),
@@ -155,6 +169,12 @@ CASES = (
         ("trimmed model", "temperature 1", "rejection"),
         ("trimmed model", "temperature 0.7, top-k 8, top-p 0.9", "coupled"),
     ]
+    + [
+        (kind, setting, "rejection")
+        for kind in ("medusa", "eagle")
+        for setting in ("temperature 1", "temperature 0.7, top-k 8, top-p 0.9")
+    ]
+    + [("eagle", "temperature 0.8, top-p 0.9", "coupled")]
 )
 
 
@@ -163,7 +183,8 @@ def test_every_generated_position_follows_the_target(
     pair, prompt, make_drafter, drafter, setting, verification
 ):
     params = SETTINGS[setting]
-    engine = Engine(backend(pair[0]), make_drafter[drafter]())
+    made = make_drafter[drafter]()
+    engine = made if isinstance(made, Engine) else Engine(backend(pair[0]), made)
     counts, acceptance_rate, bonus = sample_positions(engine, prompt, params, verification)
     assert 0.05 < acceptance_rate < 0.98, "both acceptance and rejection must be exercised"
     if "model" in drafter:  # copying drafters seldom have both drafts accepted here

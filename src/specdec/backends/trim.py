@@ -54,6 +54,21 @@ def _rows(head: nn.Module, ids: torch.Tensor) -> nn.Module:
     raise ValueError(f"cannot trim an output layer of type {type(head).__name__}")
 
 
+def float_rows(head: nn.Module, ids: Sequence[int]) -> torch.Tensor:
+    """The output layer's weight rows ``ids`` as float32  # [len(ids), in] (dequantized
+    from int8, pin columns dropped): what training differentiates through."""
+    index = torch.tensor(list(ids), dtype=torch.long)
+    if isinstance(head, TrimmedHead):
+        raise ValueError("the output layer is already trimmed")
+    if isinstance(head, RowInt8Linear):
+        int8, scales = head.int8_state()
+        rows = int8[index, : head.in_features].float() * scales[index, None].float()
+        return rows.contiguous()
+    if isinstance(head, nn.Linear):
+        return head.weight.detach()[index].float().contiguous()
+    raise ValueError(f"cannot read the rows of an output layer of type {type(head).__name__}")
+
+
 def trim_output_layer(model, token_ids: Sequence[int]) -> None:
     """Replace a transformers model's output layer by a ``TrimmedHead`` (in place)."""
     head = model.get_output_embeddings()

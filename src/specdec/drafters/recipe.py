@@ -12,7 +12,13 @@ from collections.abc import Callable, Mapping
 from specdec.drafters.base import Drafter
 from specdec.drafters.composite import FallbackDrafter
 
-KINDS = {"model": "draft model", "lookup": "prompt lookup", "ngram": "n-gram model"}
+KINDS = {
+    "model": "draft model",
+    "lookup": "prompt lookup",
+    "ngram": "n-gram model",
+    "medusa": "Medusa heads",
+    "eagle": "EAGLE head",
+}
 
 
 def parse_recipe(recipe: str) -> list[str]:

@@ -1,0 +1,187 @@
+"""``specdec heads data|train|eval|list``: argument wiring, kept out of the main CLI."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specdec.heads.nets import KINDS
+from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+
+def add_parser(commands, parser_class) -> None:
+    heads = commands.add_parser(
+        "heads",
+        help="Medusa / EAGLE draft heads trained on this CPU from the target itself",
+        description="Draft heads read the target's own last hidden state, so a draft costs "
+        "a few percent of a target step. Train them once per target: 'heads data' runs the "
+        "target over local text, 'heads train' fits the heads within a time budget, "
+        "'heads eval' measures them; then generate/serve/bench with --drafter medusa or "
+        "--drafter eagle.",
+    )
+    sub = heads.add_subparsers(dest="heads_command", required=True, parser_class=parser_class)
+
+    data = sub.add_parser(
+        "data",
+        help="run the target over local text and store its features (resumable)",
+        description="Run the target in prefill mode over fixed-length chunks of local text "
+        "and store each chunk's tokens and final-norm features (float16) under the heads "
+        "cache. Interrupt and rerun to continue. Default corpus: this Python's standard "
+        "library (source that every machine has).",
+    )
+    data.add_argument(
+        "--corpus",
+        nargs="+",
+        help="files or directories of text like what you will generate (default: the "
+        "Python standard library)",
+    )
+    data.add_argument(
+        "--suffix",
+        nargs="+",
+        default=[".py"],
+        help="file suffixes to read under corpus directories (default: .py)",
+    )
+    data.add_argument(
+        "--minutes", type=float, default=20.0, help="time budget (default: 20 minutes)"
+    )
+    data.add_argument("--max-tokens", type=int, help="stop after this many tokens")
+    data.add_argument("--length", type=int, default=512, help="tokens per chunk (default: 512)")
+    _common(data)
+
+    train = sub.add_parser(
+        "train",
+        help="train Medusa or EAGLE heads on collected data (resumable)",
+        description="Fit the heads to the target's own next-token distributions "
+        "(self-distillation) on the data of 'heads data', within --minutes; a rerun continues "
+        "from the last checkpoint. The heads are cached per target and refused for any other.",
+    )
+    train.add_argument("--kind", choices=KINDS, required=True, help="which heads to train")
+    train.add_argument(
+        "--minutes", type=float, default=30.0, help="time budget (default: 30 minutes)"
+    )
+    train.add_argument(
+        "--vocab-size",
+        type=int,
+        default=32768,
+        help="the heads score the N most frequent tokens of the data (FR-Spec; default 32768)",
+    )
+    train.add_argument(
+        "--num-heads", type=int, default=4, help="Medusa: heads, i.e. the longest draft (4)"
+    )
+    train.add_argument(
+        "--intermediate-size",
+        type=int,
+        default=4096,
+        help="EAGLE: width of its layer's MLP (default: 4096)",
+    )
+    train.add_argument("--restart", action="store_true", help="discard a checkpoint, start over")
+    _common(train)
+
+    evaluate = sub.add_parser(
+        "eval",
+        help="held-out agreement with the target, chain acceptance, predicted speedup",
+        description="On the held-out chunks: per-position top-1 agreement of greedy chain "
+        "drafts with the target, the acceptance it implies, the draft's measured cost per "
+        "token against a target step (c), and the speedup the paper's formula predicts.",
+    )
+    evaluate.add_argument(
+        "--kind",
+        choices=[*KINDS, "model"],
+        required=True,
+        help="heads to evaluate; model: the draft model (--draft) measured the same way, "
+        "so that --drafter auto can choose between them",
+    )
+    evaluate.add_argument(
+        "--draft",
+        default=DEFAULT_DRAFT,
+        help=f"draft model for --kind model (default: {DEFAULT_DRAFT})",
+    )
+    evaluate.add_argument("--max-k", type=int, default=4, help="chain length to score (4)")
+    _common(evaluate)
+
+    listing = sub.add_parser("list", help="heads trained for each target in the cache")
+    listing.add_argument(
+        "--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
+    )
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help=f"catalog name or transformers model directory (default: {DEFAULT_TARGET})",
+    )
+    p.add_argument(
+        "--dtype",
+        default="int8",
+        choices=["int8", "float32", "bfloat16"],
+        help="the target runtime the heads will draft for (default: int8)",
+    )
+    p.add_argument(
+        "--data",
+        help="data directory (default: the target's entry in the heads cache)",
+    )
+    p.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.heads_command == "list":
+        return _list(args)
+    from specdec.cli_output import progress_bar
+    from specdec.heads import store
+    from specdec.heads.fingerprint import target_fingerprint
+    from specdec.loading import load_backend
+
+    with progress_bar() as progress:
+        target = load_backend(args.target, args.dtype, args.cache_dir, progress)
+        fingerprint = target_fingerprint(target.model)
+        entry = store.entry_dir(args.cache_dir, fingerprint, args.target)
+        data_dir = Path(args.data).expanduser() if args.data else entry / "data"
+        if args.heads_command == "data":
+            return _data(args, target, fingerprint, data_dir, progress)
+        if args.heads_command == "train":
+            from specdec.heads import train
+
+            return train.run_command(args, target, fingerprint, data_dir, entry, progress)
+        from specdec.heads import evaluate
+
+        return evaluate.run_command(args, target, fingerprint, data_dir, entry, progress)
+
+
+def _data(args, target, fingerprint, data_dir, progress) -> int:
+    from specdec.heads import data
+
+    if args.length < 16:
+        raise ValueError(f"--length must be >= 16, got {args.length}")
+    if args.minutes <= 0:
+        raise ValueError(f"--minutes must be > 0, got {args.minutes}")
+    files = data.corpus_files(args.corpus or [data.default_corpus()], args.suffix)
+    manifest = data.collect(
+        target,
+        files,
+        data_dir,
+        fingerprint,
+        args.length,
+        args.max_tokens,
+        args.minutes,
+        progress,
+    )
+    chunks = sum(s["chunks"] for s in manifest["shards"])
+    sys.stderr.write(
+        f"{data_dir}: {chunks} chunks of {manifest['length']} tokens "
+        f"({chunks * manifest['length']} tokens, {manifest['seconds'] / 60:.1f} min of target "
+        f"time in all) from {len(files)} files\n"
+    )
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from specdec.heads import store
+
+    rows = store.list_entries(args.cache_dir)
+    if not rows:
+        sys.stdout.write("no heads trained yet (see 'specdec heads --help')\n")
+    for row in rows:
+        sys.stdout.write(row + "\n")
+    return 0

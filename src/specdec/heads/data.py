@@ -1,0 +1,191 @@
+"""Training data for draft heads: the target's own features over local text.
+
+The target runs over fixed-length chunks of a corpus in prefill mode (the runtime it will
+verify with, so the features are the ones drafting will read) and each chunk's token ids
+and final-norm features are written as float16 to numbered shard files. Nothing else is
+needed: the target's next-token distribution at a position is its output layer applied to
+that position's feature, so training recomputes it (over the trimmed vocabulary) instead of
+storing logits. Every ``HELD_OUT``-th chunk is kept for ``specdec heads eval``.
+
+Collection is resumable: chunks come in a fixed order, a shard is written atomically, and a
+rerun skips the chunks already on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sysconfig
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+FORMAT = "specdec-heads-data/1"
+HELD_OUT = 20  # every 20th chunk is held out for evaluation
+CHUNKS_PER_SHARD = 8
+MANIFEST = "manifest.json"
+
+
+def default_corpus() -> Path:
+    """The Python standard library: source text that exists on any machine with Python."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def corpus_files(paths: Sequence[str | Path], suffixes: Sequence[str]) -> list[Path]:
+    """Files under ``paths`` (files or directories, searched recursively) with one of
+    ``suffixes``, in a fixed shuffled order (so a time budget samples the whole corpus)."""
+    found: set[Path] = set()
+    for path in map(Path, paths):
+        if path.is_file():
+            found.add(path)
+        elif path.is_dir():
+            found.update(
+                f for f in path.rglob("*") if f.is_file() and f.suffix in suffixes and _plain(f)
+            )
+        else:
+            raise ValueError(f"corpus path {path} does not exist")
+    files = sorted(found)
+    random.Random(0).shuffle(files)
+    if not files:
+        raise ValueError(
+            f"no {'/'.join(suffixes)} files under {', '.join(map(str, paths))}: "
+            "point --corpus at source or text files"
+        )
+    return files
+
+
+def _plain(path: Path) -> bool:
+    """Skip test data, caches and site-packages: what remains reads like written code."""
+    parts = set(path.parts)
+    return not parts & {"__pycache__", "site-packages", "test", "tests", "idlelib"}
+
+
+def chunks(files: Sequence[Path], tokenizer, length: int) -> Iterator[list[int]]:
+    """Token chunks of exactly ``length`` ids, each from one file (a file shorter than a
+    chunk is skipped; a file's tail shorter than a chunk is dropped)."""
+    for path in files:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        ids = tokenizer.encode(text)
+        for start in range(0, len(ids) - length + 1, length):
+            yield ids[start : start + length]
+
+
+@dataclass(frozen=True)
+class Shard:
+    tokens: torch.Tensor  # [chunks, length] int64
+    features: torch.Tensor  # [chunks, length, hidden] float16
+
+
+def collect(
+    target,
+    files: Sequence[Path],
+    out_dir: Path,
+    fingerprint: str,
+    length: int = 512,
+    max_tokens: int | None = None,
+    minutes: float | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Run ``target`` (an ``HFModel``) over the corpus chunks and write shards to
+    ``out_dir``; resumes where an earlier run for the same target stopped. Returns the
+    manifest."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = _read_manifest(out_dir)
+    if manifest and (manifest["fingerprint"], manifest["length"]) != (fingerprint, length):
+        raise ValueError(
+            f"{out_dir} holds data for another target or chunk length: use a new --out"
+        )
+    manifest = manifest or {
+        "format": FORMAT,
+        "fingerprint": fingerprint,
+        "length": length,
+        "hidden_size": target.hidden_size,
+        "shards": [],
+        "seconds": 0.0,
+    }
+    done_chunks = sum(s["chunks"] for s in manifest["shards"])
+    total = max_tokens // length if max_tokens is not None else None
+    budget_seconds = 60 * minutes if minutes is not None else None
+    began = time.monotonic()
+    deadline = began + budget_seconds if budget_seconds is not None else float("inf")
+    target.keep_hidden_states()
+    pending_tokens: list[list[int]] = []
+    pending_features: list[torch.Tensor] = []
+    started = time.monotonic()
+    for index, chunk in enumerate(chunks(files, target.tokenizer, length)):
+        if index < done_chunks:
+            continue
+        if (total is not None and index >= total) or time.monotonic() > deadline:
+            break
+        target.truncate(0)
+        target.forward(chunk, last_only=True)
+        pending_tokens.append(chunk)
+        pending_features.append(target.hidden_states().to(torch.float16).clone())
+        if len(pending_tokens) == CHUNKS_PER_SHARD:
+            _write_shard(out_dir, manifest, pending_tokens, pending_features, started)
+            started = time.monotonic()
+            pending_tokens, pending_features = [], []
+        if progress is not None and total is not None:
+            progress("running the target over the corpus (chunks)", index + 1, total)
+        elif progress is not None and budget_seconds is not None:
+            elapsed = min(int(time.monotonic() - began), int(budget_seconds))
+            progress("running the target over the corpus (seconds)", elapsed, int(budget_seconds))
+    if pending_tokens:
+        _write_shard(out_dir, manifest, pending_tokens, pending_features, started)
+    target.truncate(0)
+    if not manifest["shards"]:
+        raise ValueError("the budget ended before one chunk was collected: give more time")
+    return manifest
+
+
+def _write_shard(out_dir, manifest, tokens, features, started) -> None:
+    name = f"shard-{len(manifest['shards']):05d}.pt"
+    tmp = out_dir / (name + ".tmp")
+    torch.save(
+        {"tokens": torch.tensor(tokens, dtype=torch.long), "features": torch.stack(features)}, tmp
+    )
+    os.replace(tmp, out_dir / name)
+    manifest["shards"].append({"file": name, "chunks": len(tokens)})
+    manifest["seconds"] += time.monotonic() - started
+    tmp_manifest = out_dir / (MANIFEST + ".tmp")
+    tmp_manifest.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp_manifest, out_dir / MANIFEST)
+
+
+def _read_manifest(out_dir: Path) -> dict | None:
+    try:
+        manifest = json.loads((out_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
+def load(data_dir: Path, fingerprint: str | None = None) -> tuple[Shard, Shard, dict]:
+    """(training chunks, held-out chunks, manifest) of a collected data directory."""
+    manifest = _read_manifest(data_dir)
+    if manifest is None:
+        raise ValueError(f"{data_dir}: no heads data here (make it with 'specdec heads data')")
+    if fingerprint is not None and manifest["fingerprint"] != fingerprint:
+        raise ValueError(f"{data_dir}: collected from another target than this one")
+    tokens, features = [], []
+    for shard in manifest["shards"]:
+        try:
+            payload = torch.load(data_dir / shard["file"], weights_only=True)
+        except (OSError, RuntimeError, EOFError) as error:
+            raise ValueError(f"{data_dir / shard['file']}: unreadable shard ({error})") from None
+        tokens.append(payload["tokens"])
+        features.append(payload["features"])
+    all_tokens, all_features = torch.cat(tokens), torch.cat(features)
+    held = torch.arange(all_tokens.shape[0]) % HELD_OUT == HELD_OUT - 1
+    return (
+        Shard(all_tokens[~held], all_features[~held]),
+        Shard(all_tokens[held], all_features[held]),
+        manifest,
+    )

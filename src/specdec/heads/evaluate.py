@@ -1,0 +1,174 @@
+"""``specdec heads eval``: how well trained heads draft for their target, on held-out text.
+
+Agreement is measured with the real drafter objects reading the stored features, greedily:
+at a position p of a held-out chunk the target has scored t_0..t_p and the next token
+t_{p+1} is known, exactly as in decoding. Draft j (1-based, the token p + 1 + j) counts as
+accepted when it equals the target's own argmax there, over its full vocabulary. The
+target's argmax after draft j is known only while the drafts follow the chunk's text, so
+the acceptance rate of draft j is measured over positions where drafts 1..j-1 were accepted
+and equal the text (the greedy chain the engine would run). Costs are timed on the loaded
+target: a chain of k drafts against a one-token step and a (k+1)-token pass, interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.heads import data, store
+from specdec.heads.load import load_heads
+from specdec.theory import expected_tokens_per_round_by_position
+
+POSITIONS_PER_CHUNK = 48
+
+
+class StoredTarget:
+    """Stands in for the target at one position of a stored chunk: what a head drafter
+    reads (cached tokens, their features, the model's embeddings)."""
+
+    def __init__(self, model, vocab_size: int):
+        self.model = model
+        self.vocab_size = vocab_size
+        self._tokens: Sequence[int] = []
+        self._features = torch.empty(0)
+
+    def keep_hidden_states(self) -> None:
+        pass
+
+    def show(self, tokens: Sequence[int], features: torch.Tensor) -> None:
+        self._tokens, self._features = tokens, features
+
+    @property
+    def cached_token_ids(self) -> Sequence[int]:
+        return self._tokens
+
+    def hidden_states(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        return self._features[start:end]
+
+
+@dataclass(frozen=True)
+class Agreement:
+    accepted: list[int]  # per draft position: accepted
+    trials: list[int]  # per draft position: positions where it was reached on the text
+
+    @property
+    def acceptance(self) -> list[float]:
+        return [a / t if t else 0.0 for a, t in zip(self.accepted, self.trials, strict=True)]
+
+
+@torch.inference_mode()
+def agreement(make_drafter, target, held: data.Shard, max_k: int, positions: int) -> Agreement:
+    """Greedy chain acceptance per draft position on held-out chunks of the drafter
+    ``make_drafter(backend)`` makes (heads read the stored features through ``backend``; a
+    draft model ignores it and follows the text in its own cache)."""
+    stored = StoredTarget(target.model, target.vocab_size)
+    head = target.model.get_output_embeddings()
+    accepted, trials = [0] * max_k, [0] * max_k
+    generator = torch.Generator().manual_seed(0)
+    for tokens, features in zip(held.tokens.tolist(), held.features, strict=True):
+        features = features.float()
+        length = len(tokens)
+        argmax = torch.cat([head(rows).argmax(-1) for rows in features.split(128)]).tolist()
+        starts = torch.randperm(length - max_k - 2, generator=generator)[:positions].sort()
+        drafter = make_drafter(stored)  # fresh per chunk: a drafter's cache follows one text
+        for p in starts.values.tolist():
+            stored.show(tokens[: p + 1], features[: p + 1])
+            drafts = drafter.propose(tokens[: p + 2], max_k).token_ids
+            for j, token in enumerate(drafts):
+                trials[j] += 1
+                if token != argmax[p + 1 + j]:
+                    break
+                accepted[j] += 1
+                if token != tokens[p + 2 + j]:
+                    break  # accepted, but the text goes elsewhere: later drafts unobservable
+    return Agreement(accepted, trials)
+
+
+def costs(make_drafter, target, prompt: list[int], max_k: int, repeats: int = 5) -> dict:
+    """Median seconds of a one-token target step, a (k+1)-token pass, and a k-draft chain,
+    timed interleaved after ``prompt`` is cached."""
+    drafter = make_drafter(target)
+    target.truncate(0)
+    target.forward(prompt[:-1], last_only=True)
+    drafter.prepare(prompt)
+    base = len(prompt) - 1
+    step, passes, chains = [], [], []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        target.forward([prompt[-1]], last_only=True)
+        step.append(time.perf_counter() - started)
+        target.truncate(base)
+        started = time.perf_counter()
+        target.forward(prompt[-1:] * (max_k + 1))
+        passes.append(time.perf_counter() - started)
+        target.truncate(base)
+        started = time.perf_counter()
+        drafter.propose(prompt, max_k)
+        chains.append(time.perf_counter() - started)
+    return {
+        "step_s": statistics.median(step[1:]),
+        "pass_s": statistics.median(passes[1:]),
+        "chain_s": statistics.median(chains[1:]),
+    }
+
+
+def summarize(agree: Agreement, timing: dict, max_k: int) -> dict:
+    acceptance = agree.acceptance
+    c = timing["chain_s"] / max_k / timing["step_s"]
+    v = timing["pass_s"] / timing["step_s"]
+    tokens = expected_tokens_per_round_by_position(acceptance, max_k)
+    return {
+        "k": max_k,
+        "acceptance_by_position": [round(a, 3) for a in acceptance],
+        "trials_by_position": agree.trials,
+        "expected_tokens_per_round": round(tokens, 3),
+        "c_per_draft": round(c, 4),
+        "v": round(v, 3),
+        "predicted_speedup": round(tokens / (max_k * c + v), 3),
+        "step_ms": round(1000 * timing["step_s"], 2),
+        "chain_ms": round(1000 * timing["chain_s"], 2),
+    }
+
+
+def run_command(
+    args: argparse.Namespace, target, fingerprint: str, data_dir: Path, entry: Path, progress
+) -> int:
+    if not 1 <= args.max_k <= 16:
+        raise ValueError(f"--max-k must be in 1..16, got {args.max_k}")
+    max_k = args.max_k
+    if args.kind == "model":
+        from specdec.drafters import ModelDrafter
+        from specdec.loading import load_backend
+
+        draft = load_backend(args.draft, args.dtype, args.cache_dir, progress)
+
+        def make_drafter(backend):
+            return ModelDrafter(draft)
+    else:
+        heads = load_heads(args.kind, target, args.cache_dir, args.target)
+        make_drafter = heads.drafter
+        if args.kind == "medusa":
+            max_k = min(max_k, heads.config.num_heads)
+    _, held, _ = data.load(data_dir, fingerprint)
+    if held.tokens.shape[0] == 0:
+        raise ValueError(
+            f"{data_dir}: no held-out chunks (every {data.HELD_OUT}th chunk is held out): "
+            "collect more data"
+        )
+    agree = agreement(make_drafter, target, held, max_k, POSITIONS_PER_CHUNK)
+    timing = costs(make_drafter, target, held.tokens[0, :256].tolist(), max_k)
+    result = summarize(agree, timing, max_k)
+    result["held_out_chunks"] = int(held.tokens.shape[0])
+    result["drafter"] = args.kind if args.kind != "model" else f"model {args.draft}"
+    store.save_eval(entry, args.kind, result)
+    json.dump(result, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0

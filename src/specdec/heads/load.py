@@ -1,0 +1,98 @@
+"""Trained heads as a drafter for a loaded target."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from specdec.heads import store
+from specdec.heads.fingerprint import target_fingerprint
+from specdec.heads.nets import HeadsConfig, build
+
+
+@dataclass
+class Heads:
+    """Loaded heads of one kind for one target model; ``drafter(target)`` makes a drafter
+    for one request's backend over that model (EAGLE's drafter holds a per-request cache)."""
+
+    config: HeadsConfig
+    net: nn.Module
+    output: nn.Module  # the target's output layer, trimmed to the heads' vocabulary
+
+    def drafter(self, target):
+        from specdec.drafters.heads import EagleDrafter, MedusaDrafter
+
+        if self.config.kind == "medusa":
+            return MedusaDrafter(target, self.net, self.output)
+        return EagleDrafter(target, self.net, self.output, target.model.get_input_embeddings())
+
+
+def load_drafter(kind: str, target, cache_dir: str | None = None, target_name: str = "target"):
+    """A ``MedusaDrafter`` or ``EagleDrafter`` over ``target`` (an ``HFModel``)."""
+    return load_heads(kind, target, cache_dir, target_name).drafter(target)
+
+
+def load_heads(kind: str, target, cache_dir: str | None = None, target_name: str = "target"):
+    """The heads of ``kind`` trained for ``target`` (an ``HFModel``); ValueError with the
+    next step if there are none, or they are another target's, or damaged."""
+    from specdec.backends.hf import HFModel
+    from specdec.backends.trim import TrimmedHead
+
+    if not isinstance(target, HFModel):
+        raise ValueError(
+            f"--drafter {kind} reads the target's hidden states, which only the transformers "
+            "runtime gives: use --target-runtime transformers"
+        )
+    fingerprint = target_fingerprint(target.model)
+    entry = store.entry_dir(cache_dir, fingerprint, target_name)
+    payload, state = store.load(entry, kind, fingerprint)
+    config = HeadsConfig.from_dict(payload)
+    net = build(config)
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as error:
+        raise ValueError(f"{entry / kind}: heads do not fit their config ({error})") from None
+    net = quantize(net).eval()
+    output = TrimmedHead(target.model.get_output_embeddings(), config.token_ids, config.vocab_size)
+    return Heads(config, net, output)
+
+
+def quantize(net: nn.Module) -> nn.Module:
+    """The heads' linear layers in int8 (``RowInt8Linear``, as the target's): a draft step
+    reads a quarter of the bytes. Drafts need no batch invariance, only that ``draft_probs``
+    be the distribution sampled from, which holds for any weights."""
+    from specdec.backends.int8 import RowInt8Linear
+
+    for module in list(net.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, RowInt8Linear(child))
+    return net
+
+
+NO_HEADS = "no heads trained and evaluated for this target"
+
+
+def auto_recipe(target, cache_dir: str | None = None, target_name: str = "target"):
+    """``--drafter auto``: (recipe, why). The drafter with the highest speedup predicted by
+    ``specdec heads eval`` on this machine (held-out acceptance, measured costs) among
+    trained heads and the draft model; ``model`` when no heads are trained or evaluated."""
+    from specdec.backends.hf import HFModel
+
+    if not isinstance(target, HFModel):
+        return "model", "heads need the transformers runtime"
+    entry = store.entry_dir(cache_dir, target_fingerprint(target.model), target_name)
+    evals = store.read_evals(entry)
+    predicted = {
+        kind: float(result["predicted_speedup"])
+        for kind, result in evals.items()
+        if "predicted_speedup" in result and (kind == "model" or (entry / kind).is_dir())
+    }
+    if not set(predicted) - {"model"}:
+        return "model", NO_HEADS
+    best = max(predicted, key=lambda kind: predicted[kind])
+    if best != "model" and "model" not in predicted and predicted[best] <= 1.0:
+        return "model", f"{best} heads are predicted at {predicted[best]:.2f}x only"
+    listed = ", ".join(f"{kind} {speedup:.2f}x" for kind, speedup in sorted(predicted.items()))
+    return best, f"predicted by 'specdec heads eval' on this machine: {listed}"

@@ -1,0 +1,265 @@
+"""Training heads on this CPU by self-distillation: the target's own next-token
+distribution (its output layer on the stored features, over the trimmed vocabulary) is the
+teacher, so no labelled data set is needed.
+
+- Medusa: head j at position i learns the target's distribution at i + j (the token j + 1
+  ahead); losses weighted 0.8^j as in the Medusa paper.
+- EAGLE: the layer learns to predict ``f_{i+1}`` from ``(f_i, t_{i+1})``: a smooth-L1
+  regression on the feature plus 0.1 x the distillation loss (EAGLE-1's recipe), with
+  uniform noise on its input features (EAGLE's defence against drafting from its own,
+  imperfect, predictions).
+
+The budget is wall-clock minutes; a checkpoint is written every minute and at the end, and
+a rerun continues from it (same data, same kind). Matrix products run in bfloat16 where the
+CPU has native bfloat16 arithmetic (about 4x float32 on AVX-512 BF16), else float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec.heads import data, store
+from specdec.heads.nets import HeadsConfig, build
+
+CHECKPOINT_EVERY = 60.0  # seconds
+WARMUP_STEPS = 30
+SPECIAL_SLACK = 64  # room for special tokens beyond --vocab-size
+
+
+def bf16_native() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def trimmed_vocabulary(
+    tokens: torch.Tensor, size: int, always: list[int], vocab_size: int | None = None
+) -> list[int]:
+    """The ``size`` most frequent ids in the training tokens (ties by id), plus ``always``.
+    When the data has fewer distinct tokens than ``size``, the rest are the lowest unseen
+    ids below ``vocab_size``: a BPE vocabulary numbers its tokens in merge order, so low
+    ids are the common ones of its own training text (prose the corpus may lack)."""
+    counts = Counter(tokens.flatten().tolist())
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))[:size]
+    chosen = set(ranked)
+    for token in range(vocab_size or 0):
+        if len(chosen) >= size:
+            break
+        chosen.add(token)
+    return sorted(chosen | set(always))
+
+
+def distill_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of student logits against the teacher's softmax  # [..., vocab]"""
+    target = torch.softmax(teacher.float(), dim=-1)
+    return -(target * torch.log_softmax(student.float(), dim=-1)).sum(-1).mean()
+
+
+def medusa_loss(
+    net, output: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor
+) -> torch.Tensor:
+    """features  # [batch, length, hidden]; output  # [vocab_count, hidden]"""
+    del tokens  # Medusa reads features only
+    k = net.num_heads
+    length = features.shape[1]
+    with torch.no_grad():
+        teacher = features @ output.T  # row p: the target's logits for token p + 1
+    heads = net(features[:, : length - k])  # [batch, length - k, k, hidden]
+    loss = torch.zeros(())
+    for j in range(k):
+        student = heads[:, :, j] @ output.T
+        loss = loss + 0.8**j * distill_loss(student, teacher[:, 1 + j : length - k + 1 + j])
+    return loss / sum(0.8**j for j in range(k))
+
+
+def eagle_loss(
+    net, output: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor, embed: nn.Module
+) -> torch.Tensor:
+    inputs = features[:, :-1]
+    noise = (torch.rand_like(inputs) - 0.5) * 0.2 * inputs.std()
+    with torch.no_grad():
+        embeddings = embed(tokens[:, 1:]).to(features.dtype)
+        teacher = features[:, 1:] @ output.T
+    predicted = net(inputs + noise, embeddings)  # pair i predicts f_{i+1}
+    regression = nn.functional.smooth_l1_loss(predicted.float(), features[:, 1:].float())
+    return regression + 0.1 * distill_loss(predicted @ output.T, teacher)
+
+
+def train(
+    config: HeadsConfig,
+    net: nn.Module,
+    output: torch.Tensor,
+    train_set: data.Shard,
+    minutes: float,
+    embed: nn.Module | None = None,
+    checkpoint: Path | None = None,
+    state: dict | None = None,
+    progress=None,
+    batch_chunks: int = 2,
+    learning_rate: float | None = None,
+    max_steps: int | None = None,
+) -> dict:
+    """Train ``net`` in place for ``minutes`` (plus any time an earlier run spent, read from
+    ``state``), or ``max_steps`` steps in all if that comes first; returns the training
+    record (steps, tokens seen, minutes, the mean loss of every 20 steps)."""
+    lr = learning_rate or (1e-3 if config.kind == "medusa" else 5e-4)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
+    record: dict[str, Any] = {"steps": 0, "tokens_seen": 0, "minutes": 0.0, "losses": []}
+    if state is not None:
+        net.load_state_dict(state["net"])
+        optimizer.load_state_dict(state["optimizer"])
+        record = state["record"]
+    budget = 60.0 * minutes
+    spent_before = 60.0 * record["minutes"]
+    generator = torch.Generator().manual_seed(record["steps"])
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_native())
+    began = last_save = time.monotonic()
+    chunks = train_set.tokens.shape[0]
+    net.train()
+    recent: list[float] = []
+    while True:
+        elapsed = time.monotonic() - began
+        if elapsed >= budget or (max_steps is not None and record["steps"] >= max_steps):
+            break
+        fraction = (spent_before + elapsed) / max(1.0, spent_before + budget)
+        if max_steps is not None:
+            fraction = max(fraction, record["steps"] / max_steps)
+        scale = min(1.0, (record["steps"] + 1) / WARMUP_STEPS) * (1.0 - 0.9 * fraction)
+        for group in optimizer.param_groups:
+            group["lr"] = lr * scale
+        pick = torch.randint(chunks, (batch_chunks,), generator=generator)
+        tokens = train_set.tokens[pick]
+        features = train_set.features[pick].float()
+        with autocast:
+            if config.kind == "medusa":
+                loss = medusa_loss(net, output, tokens, features)
+            else:
+                assert embed is not None, "EAGLE embeds tokens with the target's embedding"
+                loss = eagle_loss(net, output, tokens, features, embed)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        optimizer.step()
+        if not math.isfinite(loss.item()):
+            raise ValueError("training diverged (loss is not finite); retry with --restart")
+        recent.append(loss.item())
+        record["steps"] += 1
+        record["tokens_seen"] += int(tokens.numel())
+        record["minutes"] = (spent_before + time.monotonic() - began) / 60.0
+        if progress is not None:
+            progress(f"training {config.kind} heads (seconds)", int(elapsed), int(budget))
+        if len(recent) == 20:
+            record["losses"].append(round(sum(recent) / len(recent), 4))
+            recent = []
+        if checkpoint is not None and time.monotonic() - last_save > CHECKPOINT_EVERY:
+            _save_checkpoint(checkpoint, net, optimizer, record, config)
+            last_save = time.monotonic()
+    if progress is not None:
+        progress(f"training {config.kind} heads (seconds)", int(budget), int(budget))
+    if checkpoint is not None:
+        _save_checkpoint(checkpoint, net, optimizer, record, config)
+    net.eval()
+    return record
+
+
+def _save_checkpoint(path: Path, net, optimizer, record: dict, config: HeadsConfig) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(
+        {
+            "net": net.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "record": record,
+            "config": config.to_dict(),
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+
+
+def run_command(
+    args: argparse.Namespace, target, fingerprint: str, data_dir: Path, entry: Path, progress
+) -> int:
+    """``specdec heads train``."""
+    if args.minutes <= 0:
+        raise ValueError(f"--minutes must be > 0, got {args.minutes}")
+    if args.vocab_size < 16:
+        raise ValueError(f"--vocab-size must be >= 16, got {args.vocab_size}")
+    if not 1 <= args.num_heads <= 16:
+        raise ValueError(f"--num-heads must be in 1..16, got {args.num_heads}")
+    train_set, _, manifest = data.load(data_dir, fingerprint)
+    if train_set.tokens.shape[1] < args.num_heads + 2:
+        raise ValueError(f"{data_dir}: chunks too short to train heads")
+    checkpoint = entry / f".{args.kind}.checkpoint.pt"
+    state = None
+    if checkpoint.exists() and not args.restart:
+        try:
+            state = torch.load(checkpoint, weights_only=True)
+        except (OSError, RuntimeError, EOFError, ValueError):
+            sys.stderr.write(f"{checkpoint}: unreadable checkpoint, starting over\n")
+    if state is not None:
+        config = HeadsConfig.from_dict(state["config"])
+        sys.stderr.write(
+            f"continuing from a checkpoint: {state['record']['steps']} steps, "
+            f"{state['record']['minutes']:.1f} min so far (--restart to start over)\n"
+        )
+    else:
+        special = sorted(
+            {int(t) for t in getattr(target.tokenizer, "all_special_ids", [])}
+            | set(target.eos_token_ids)
+        )
+        special = [t for t in special if 0 <= t < target.vocab_size][:SPECIAL_SLACK]
+        config = HeadsConfig(
+            kind=args.kind,
+            fingerprint=fingerprint,
+            hidden_size=target.hidden_size,
+            vocab_size=target.vocab_size,
+            token_ids=trimmed_vocabulary(
+                train_set.tokens, args.vocab_size, special, target.vocab_size
+            ),
+            num_heads=args.num_heads,
+            intermediate_size=args.intermediate_size,
+            target_config=target.model.config.to_dict() if args.kind == "eagle" else {},
+        )
+    net = build(config)
+    output = output_rows(target, config.token_ids)
+    embed = target.model.get_input_embeddings()
+    entry.mkdir(parents=True, exist_ok=True)
+    record = train(config, net, output, train_set, args.minutes, embed, checkpoint, state, progress)
+    trained = HeadsConfig.from_dict(
+        config.to_dict()
+        | {
+            "training": record
+            | {
+                "data_tokens": int(train_set.tokens.numel()),
+                "data_minutes": round(manifest["seconds"] / 60, 2),
+            }
+        }
+    )
+    directory = store.save(entry, args.kind, trained.to_dict(), net.state_dict())
+    losses = record["losses"]
+    sys.stderr.write(
+        f"saved {directory}: {record['steps']} steps, {record['tokens_seen']} tokens seen, "
+        f"{record['minutes']:.1f} min; loss {losses[0] if losses else '?'} -> "
+        f"{losses[-1] if losses else '?'}\n"
+    )
+    return 0
+
+
+def output_rows(target, token_ids: list[int]) -> torch.Tensor:
+    """The target's output-layer rows for ``token_ids``  # [count, hidden] float32."""
+    from specdec.backends.trim import float_rows
+
+    return float_rows(target.model.get_output_embeddings(), token_ids)

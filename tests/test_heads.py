@@ -1,0 +1,312 @@
+"""Medusa and EAGLE heads: hidden states, drafting, exactness, training, storage, CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from helpers import EOS_ID, VOCAB, backend, tiny_heads, tiny_llama
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends.int8 import make_int8_batch_invariant
+from specdec.cli import main
+from specdec.heads import store
+from specdec.heads.fingerprint import target_fingerprint
+from specdec.heads.load import load_heads
+from specdec.sampling import Sampler
+
+KINDS = ("medusa", "eagle")
+
+
+@pytest.fixture(scope="module")
+def trained(target_model):
+    """Heads of both kinds trained for a few seconds on the tiny target's samples."""
+    return {kind: tiny_heads(target_model, kind) for kind in KINDS}
+
+
+# ---- hidden states ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_hidden_states_follow_forward_and_truncate(int8):
+    model = tiny_llama(seed=3)
+    model = make_int8_batch_invariant(model) if int8 else model
+    target = backend(model)
+    target.keep_hidden_states()
+    rng = random.Random(0)
+    tokens: list[int] = []
+    for _ in range(30):
+        if tokens and rng.random() < 0.35:
+            keep = rng.randrange(len(tokens) + 1)
+            target.truncate(keep)
+            del tokens[keep:]
+        else:
+            new = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 6))]
+            target.forward(new, last_only=rng.random() < 0.5)
+            tokens += new
+        if not tokens:
+            continue
+        fresh = backend(model)
+        fresh.keep_hidden_states()
+        fresh.forward(tokens)
+        kept, expected = target.hidden_states(), fresh.hidden_states()
+        assert kept.shape == (len(tokens), 32)
+        if int8:  # the int8 runtime scores a block as its steps: bit for bit
+            assert torch.equal(kept, expected)
+        else:
+            torch.testing.assert_close(kept, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_hidden_states_must_be_asked_for(target_model):
+    with pytest.raises(ValueError, match="keep_hidden_states"):
+        backend(target_model).hidden_states()
+
+
+def test_one_hook_however_many_backends(target_model):
+    norm = target_model.get_decoder().norm
+    for _ in range(5):
+        backend(target_model).keep_hidden_states()
+    assert len(norm._forward_hooks) == 1
+
+
+# ---- drafting --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_with_heads_equals_plain(target_model, trained, kind, k):
+    heads, _ = trained[kind]
+    params = SamplingParams(max_tokens=37, temperature=0.0, ignore_eos=True)
+    drafted = accepted = 0
+    for prompt in ([4], [5, 9, 2], [7, 3] * 10):
+        expected = Engine(backend(target_model)).generate(prompt, params).token_ids
+        target = backend(target_model)
+        out = Engine(target, heads.drafter(target)).generate(prompt, params, SpecConfig(k=k))
+        assert out.token_ids == expected
+        assert len(out.token_ids) == 37  # cut mid-round by max_tokens at most k's
+        drafted += out.stats.drafted_tokens
+        accepted += out.stats.accepted_tokens
+    assert drafted > 0 and accepted > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_eos_inside_an_accepted_block_ends_the_output(trained, kind):
+    model = tiny_llama(seed=0)  # the conftest target, EOS id 0 honoured here
+    heads, _ = trained[kind]
+    params = SamplingParams(max_tokens=200, temperature=0.0)
+    stopped = 0
+    for start in range(1, 30):
+        prompt = [start, (start * 7) % VOCAB or 1]
+        expected = Engine(backend(model)).generate(prompt, params)
+        target = backend(model)
+        out = Engine(target, heads.drafter(target)).generate(prompt, params, SpecConfig(k=4))
+        assert out.token_ids == expected.token_ids
+        if out.finish_reason == "stop":
+            stopped += 1
+            assert out.token_ids[-1] == EOS_ID and EOS_ID not in out.token_ids[:-1]
+    assert stopped > 0, "no prompt reached EOS: the case is not exercised"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_draft_probs_are_distributions_on_the_trimmed_vocabulary(target_model, trained, kind):
+    heads, _ = trained[kind]
+    inside = torch.zeros(VOCAB, dtype=torch.bool)
+    inside[heads.config.token_ids] = True
+    assert not inside.all(), "the test needs a vocabulary that leaves tokens out"
+    target = backend(target_model)
+    drafter = heads.drafter(target)
+    context = [3, 1, 4, 1, 5, 9]
+    target.forward(context[:-1])
+    for seed in range(20):
+        sampler = Sampler(SamplingParams(temperature=0.9, top_p=0.95, seed=seed))
+        proposal = drafter.propose(context, 4, sampler)
+        assert proposal.draft_probs is not None and len(proposal.token_ids) == 4
+        for token, row in zip(proposal.token_ids, proposal.draft_probs, strict=True):
+            assert row[token] > 0 and inside[token]
+            assert torch.isclose(row.sum(), torch.tensor(1.0)) and (row[~inside] == 0).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_heads_decline_when_the_cache_is_elsewhere(target_model, trained, kind):
+    heads, _ = trained[kind]
+    target = backend(target_model)
+    drafter = heads.drafter(target)
+    assert drafter.propose([5], 3).token_ids == []  # one token: no feature yet
+    target.forward([5, 6, 7])
+    assert drafter.propose([5, 6], 3).token_ids == []  # the cache is ahead of the context
+
+
+def test_eagle_cache_follows_the_text_like_a_fresh_drafter(target_model, trained):
+    """Proposals after many rounds equal a fresh drafter's on the same context."""
+    heads, _ = trained["eagle"]
+    target = backend(target_model)
+    engine = Engine(target, heads.drafter(target))
+    params = SamplingParams(max_tokens=30, temperature=0.0)
+    out = engine.generate([2, 3, 4], params, SpecConfig(k=3))
+    context = [2, 3, 4] + out.token_ids
+    target.truncate(len(context) - 1)  # the engine left it there; make sure
+    assert list(target.cached_token_ids) == context[:-1]
+    reused = engine.drafter.propose(context, 4).token_ids
+    fresh_target = backend(target_model)
+    fresh = heads.drafter(fresh_target)  # before the forward: keeping features resets a cache
+    fresh_target.forward(context[:-1])
+    assert len(reused) == 4 and reused == fresh.propose(context, 4).token_ids
+
+
+# ---- training and storage ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_training_lowers_the_loss(trained, kind):
+    _, record = trained[kind]
+    losses = record["losses"]
+    assert len(losses) >= 3 and losses[-1] < 0.8 * losses[0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_save_load_round_trip_and_refusals(tmp_path, target_model, trained, kind):
+    heads, _ = trained[kind]
+    target = backend(target_model)
+    fingerprint = target_fingerprint(target_model)
+    entry = store.entry_dir(str(tmp_path), fingerprint, "tiny")
+    config = heads.config.to_dict() | {"fingerprint": fingerprint}
+    store.save(entry, kind, config, heads.net.state_dict())
+    loaded = load_heads(kind, target, str(tmp_path), "tiny")
+    drafter = loaded.drafter(target)
+    context = [3, 1, 4, 1, 5]
+    target.forward(context[:-1])
+    assert loaded.config.token_ids == heads.config.token_ids
+    assert len(drafter.propose(context, 3).token_ids) == 3
+
+    other = backend(tiny_llama(seed=4))
+    with pytest.raises(ValueError, match="no .* heads trained for this target"):
+        load_heads(kind, other, str(tmp_path), "tiny")
+    # The same heads filed under the other target's fingerprint: refused, never used.
+    other_entry = store.entry_dir(str(tmp_path), target_fingerprint(other.model), "other")
+    other_entry.mkdir(parents=True)
+    (other_entry / kind).symlink_to(entry / kind)
+    with pytest.raises(ValueError, match="trained for another target"):
+        load_heads(kind, other, str(tmp_path), "other")
+    weights = entry / kind / store.WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated
+    with pytest.raises(ValueError, match="incomplete or corrupt"):
+        load_heads(kind, target, str(tmp_path), "tiny")
+
+
+# ---- the CLI on a tiny model directory -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, target_model, tokenizer):
+    directory = tmp_path_factory.mktemp("heads-model") / "target"
+    target_model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    words = "the cat sat on the mat. a dog ran far, and the sun set.\n"
+    (corpus / "a.txt").write_text(words * 40)
+    common = ["--target", str(model_dir), "--dtype", "float32"]
+    assert (
+        main(
+            [
+                "heads",
+                "data",
+                "--corpus",
+                str(corpus),
+                "--suffix",
+                ".txt",
+                "--length",
+                "32",
+                *common,
+            ]
+        )
+        == 0
+    )
+    assert "chunks of 32 tokens" in capsys.readouterr().err
+    for kind in KINDS:
+        assert main(["heads", "train", "--kind", kind, "--minutes", "0.03", *common]) == 0
+        assert "saved" in capsys.readouterr().err
+        assert main(["heads", "eval", "--kind", kind, "--max-k", "3", *common]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert len(result["acceptance_by_position"]) == 3 and result["c_per_draft"] > 0
+    assert main(["heads", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "medusa" in listing and "eagle" in listing and "predicted speedup" in listing
+
+    outputs = {}
+    for drafter in ("none", "medusa", "lookup+eagle"):
+        args = ["generate", "the cat", "--drafter", drafter, "--max-tokens", "16", "--raw"]
+        assert main([*args, "-k", "3", "--json", *common]) == 0
+        outputs[drafter] = json.loads(capsys.readouterr().out)["token_ids"]
+    assert outputs["medusa"] == outputs["none"] == outputs["lookup+eagle"]
+
+
+def test_heads_cli_errors_are_one_line(tmp_path, model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    common = ["--target", str(model_dir), "--dtype", "float32"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        (["heads", "data", "--corpus", str(empty), *common], "no .py files"),
+        (["heads", "data", "--corpus", str(tmp_path / "nope"), *common], "does not exist"),
+        (["heads", "data", "--minutes", "0", *common], "--minutes must be > 0"),
+        (["heads", "train", "--kind", "eagle", *common], "no heads data"),
+        (["heads", "eval", "--kind", "medusa", *common], "no medusa heads trained"),
+        (["generate", "hi", "--drafter", "eagle", *common], "no eagle heads trained"),
+    ]
+    for args, message in cases:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
+# ---- the server and --drafter auto --------------------------------------------------------
+
+
+def test_server_drafts_with_heads_per_request(target_model, tokenizer, trained):
+    from test_server import MODEL, Running, post
+
+    heads = {kind: trained[kind][0] for kind in KINDS}
+    running = Running(target_model, None, tokenizer, heads=heads, max_active=4)
+    try:
+        body = {"model": MODEL, "prompt": "the cat", "max_tokens": 20, "temperature": 0}
+        status, plain = post(running, "/v1/completions", body | {"drafter": "none"})
+        assert status == 200
+        for drafter in ("medusa", "eagle", "lookup+eagle"):
+            status, result = post(running, "/v1/completions", body | {"drafter": drafter})
+            assert status == 200, result
+            assert result["choices"][0]["text"] == plain["choices"][0]["text"]
+            assert result["spec_stats"]["drafted_tokens"] > 0
+        status, error = post(running, "/v1/completions", body | {"drafter": "model"})
+        assert status == 400 and "eagle" in error["error"]["message"]
+    finally:
+        running.close()
+
+
+def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
+    from specdec.heads.load import NO_HEADS, auto_recipe
+
+    target = backend(target_model)
+    fingerprint = target_fingerprint(target_model)
+    entry = store.entry_dir(str(tmp_path), fingerprint, "tiny")
+    assert auto_recipe(target, str(tmp_path), "tiny") == ("model", NO_HEADS)
+    heads, _ = trained["eagle"]
+    store.save(entry, "eagle", heads.config.to_dict() | {"fingerprint": fingerprint}, {})
+    store.save_eval(entry, "eagle", {"predicted_speedup": 0.9})
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "model" and "0.90x" in why  # heads predicted slower than plain
+    store.save_eval(entry, "model", {"predicted_speedup": 0.8})
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "eagle"
+    store.save_eval(entry, "eagle", {"predicted_speedup": 2.1})
+    store.save_eval(entry, "model", {"predicted_speedup": 1.6})
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "eagle" and "eagle 2.10x, model 1.60x" in why
+    store.save_eval(entry, "medusa", {"predicted_speedup": 3.0})  # evaluated, then deleted
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "eagle"
