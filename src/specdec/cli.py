@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from specdec.config import SamplingParams, SpecConfig
+from specdec.heads import command as heads_command
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES, ModelError
 from specdec.prompting import encode_prompt
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.bench import command as bench_command
 
     bench_command.add_parser(commands)
+    heads_command.add_parser(commands, _Parser)
     tune = commands.add_parser(
         "tune",
         help="measure acceptance and costs on your prompts; predicted vs measured speedup per k",
@@ -134,9 +136,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--drafter",
-        default="model",
-        choices=["model", "lookup", "lookup+model", "none"],
-        help="default drafter; a request may pick another with the 'drafter' field",
+        default="auto",
+        choices=[
+            "model",
+            "lookup",
+            "lookup+model",
+            "medusa",
+            "eagle",
+            "lookup+medusa",
+            "lookup+eagle",
+            "auto",
+            "none",
+        ],
+        help="default drafter; a request may pick another with the 'drafter' field "
+        "(medusa/eagle: heads trained with 'specdec heads train'; auto: the drafter "
+        "'specdec heads eval' predicts fastest here, model if none is evaluated)",
     )
     serve.add_argument(
         "-k",
@@ -329,12 +343,14 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drafter",
-        default="model",
+        default="auto",
         metavar="KIND",
         help="who drafts: model (the --draft model), lookup (copies from the prompt "
-        "and output), ngram (an n-gram model, --ngram-model), a '+'-joined "
-        "fallback chain such as lookup+model, or none (plain decoding). "
-        "Default: model",
+        "and output), ngram (an n-gram model, --ngram-model), medusa or eagle (heads "
+        "trained for the target with 'specdec heads train'), a '+'-joined "
+        "fallback chain such as lookup+model, none (plain decoding), or auto: the "
+        "drafter 'specdec heads eval' predicts fastest on this machine, model when no "
+        "heads are trained and evaluated. Default: auto",
     )
     p.add_argument(
         "--lookup-max-ngram",
@@ -458,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
             from specdec.bench import command as bench_command
 
             return bench_command.run(args)
+        if args.command == "heads":
+            return heads_command.run(args)
         if args.command == "ngram":
             return _ngram_build(args)
         if args.command == "vocab":
@@ -567,9 +585,12 @@ def k_value(text: str) -> int | str:
 
 
 def drafter_kinds(recipe: str) -> list[str]:
-    """'lookup+model' -> ['lookup', 'model']; 'none' -> [] (drafters.recipe's parser)."""
+    """'lookup+model' -> ['lookup', 'model']; 'none' -> [] (drafters.recipe's parser);
+    'auto' -> ['auto'], resolved once the target is loaded."""
     from specdec.drafters.recipe import parse_recipe
 
+    if recipe == "auto":
+        return ["auto"]
     try:
         return parse_recipe(recipe)
     except ValueError as error:
@@ -614,6 +635,7 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
     )
     from specdec.drafters.recipe import build_drafter
     from specdec.engine import Engine
+    from specdec.heads.load import load_drafter
     from specdec.loading import load_backend
 
     with progress_bar() as progress:
@@ -627,6 +649,14 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
         )
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
+        if kinds == ["auto"]:
+            from specdec.drafters.recipe import parse_recipe
+            from specdec.heads.load import NO_HEADS, auto_recipe
+
+            recipe, why = auto_recipe(target, args.cache_dir, args.target)
+            if why != NO_HEADS:  # the usual case for a new user says nothing
+                sys.stderr.write(f"specdec: drafter auto -> {recipe} ({why})\n")
+            kinds = parse_recipe(recipe)
 
         def model_drafter() -> ModelDrafter:
             draft = load_backend(
@@ -649,6 +679,8 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
             "model": model_drafter,
             "lookup": lambda: PromptLookupDrafter(args.lookup_max_ngram, args.lookup_min_ngram),
             "ngram": lambda: NGramDrafter(NGramModel.load(args.ngram_model)),
+            "medusa": lambda: load_drafter("medusa", target, args.cache_dir, args.target),
+            "eagle": lambda: load_drafter("eagle", target, args.cache_dir, args.target),
         }
         drafter = build_drafter("+".join(kinds) if args.k != 0 and kinds else "none", factories)
     return Engine(target, drafter)

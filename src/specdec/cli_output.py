@@ -138,6 +138,10 @@ def print_models(cache_dir: str | None) -> None:
     console.print(table)
     for hint in hints:
         console.print(f"to install {hint}", soft_wrap=True)
+    from specdec.heads.store import list_entries
+
+    for line in list_entries(cache_dir):
+        console.print(f"heads: {line}", soft_wrap=True, markup=False)
 
 
 def _size(n: int) -> str:

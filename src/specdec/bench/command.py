@@ -205,7 +205,9 @@ def _pool(args: argparse.Namespace) -> tuple[ModelPool, str]:
         return exported_dir(cache_root(args.cache_dir), specs[role])
 
     tokenizer = load_tokenizer(args.target, args.cache_dir)
-    pool = ModelPool(tokenizer, load_hf, load_gguf, gguf_file, openvino_dir)
+    pool = ModelPool(
+        tokenizer, load_hf, load_gguf, gguf_file, openvino_dir, args.cache_dir, args.target
+    )
     return pool, args.target
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from specdec.backends.base import Backend
 from specdec.backends.hf import HFModel
 from specdec.bench.openvino import OWN_PLAIN as OPENVINO_OWN_PLAIN
 from specdec.bench.openvino import SYSTEMS as OPENVINO_SYSTEMS
@@ -80,6 +81,8 @@ class ModelPool:
         load_gguf: Callable | None = None,
         gguf_file: Callable | None = None,
         openvino_dir: Callable | None = None,
+        cache_dir: str | None = None,
+        target_name: str = "target",
     ):
         self.tokenizer = tokenizer
         self._load_hf, self._load_gguf = load_hf, load_gguf
@@ -87,6 +90,18 @@ class ModelPool:
         self._openvino_dir = openvino_dir  # role -> the exported OpenVINO IR directory
         self.progress = None  # set while loading, for the loaders' progress bars
         self._loaded: dict[tuple[str, str], object] = {}
+        self._cache_dir, self._target_name = cache_dir, target_name
+        self._heads: dict[tuple[str, str], object] = {}
+
+    def heads_drafter(self, kind: str, target) -> Drafter:
+        """A ``kind`` heads drafter over ``target`` (a backend of the pool's target), the
+        heads loaded once per target runtime."""
+        from specdec.heads.load import load_heads
+
+        key = (kind, str(id(getattr(target, "model", target))))
+        if key not in self._heads:
+            self._heads[key] = load_heads(kind, target, self._cache_dir, self._target_name)
+        return self._heads[key].drafter(target)  # type: ignore[attr-defined]
 
     def module(self, role: str, dtype: str):
         return self._get(role, dtype)
@@ -136,7 +151,7 @@ class SpecdecSystem:
         name: str,
         pool: ModelPool,
         runtime: Runtime,
-        make_drafter: Callable[[], Drafter | None],
+        make_drafter: Callable[[Backend], Drafter | None],
         k: int | str,
     ):
         self.name, self.pool, self.runtime, self.make_drafter = name, pool, runtime, make_drafter
@@ -150,8 +165,9 @@ class SpecdecSystem:
         )
 
     def run(self, prompt_ids: list[int], params: SamplingParams) -> RunOutput:
-        drafter = self.make_drafter()
-        engine = Engine(self.pool.backend("target", self.runtime.target), drafter, self.controller)
+        target = self.pool.backend("target", self.runtime.target)
+        drafter = self.make_drafter(target)
+        engine = Engine(target, drafter, self.controller)
         started = time.perf_counter()
         out = engine.generate(prompt_ids, params, self.spec if drafter else SpecConfig(k=0))
         seconds = time.perf_counter() - started
@@ -298,7 +314,9 @@ PEERS: dict[str, tuple[str, dict[str, Any]]] = {
         {"prompt_lookup_num_tokens": 10},
     ),
 }
-DRAFTER_NAMES = available_recipes(["lookup", "model", "ngram"])[1:]  # every recipe but none
+DRAFTER_NAMES = available_recipes(["lookup", "model", "ngram", "medusa", "eagle"])[
+    1:
+]  # every recipe but none
 DEFAULT_SYSTEMS = (
     "plain",
     "model-k4",
@@ -345,7 +363,7 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
     a drafter of DRAFTER_NAMES; each optionally ``@RUNTIME``."""
     base, runtime = split_name(name, default_runtime)
     if base == "plain":
-        return SpecdecSystem(name, pool, runtime, lambda: None, 0)
+        return SpecdecSystem(name, pool, runtime, lambda target: None, 0)
     if base == "llamacpp":
         return LlamaCppSystem(name, pool, runtime)
     if base == "llamacpp-lookup":
@@ -372,11 +390,13 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
         )
     k = "auto" if k_text == "auto" else int(k_text[1:])
 
-    def make_drafter() -> Drafter | None:
+    def make_drafter(target) -> Drafter | None:
         made: dict[str, Callable[[], Drafter]] = {
             "model": lambda: ModelDrafter(pool.backend("draft", runtime.draft)),
             "lookup": PromptLookupDrafter,
             "ngram": lambda: NGramDrafter(ngram),
+            "medusa": lambda: pool.heads_drafter("medusa", target),
+            "eagle": lambda: pool.heads_drafter("eagle", target),
         }
         return build_drafter(drafter, made)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,7 +43,7 @@ class Job:
     prompt_ids: list[int]
     params: SamplingParams
     spec: SpecConfig
-    drafter: str  # "none", "model", "lookup", "lookup+model"
+    drafter: str  # a recipe: "none", "model", "lookup", "lookup+model", "eagle", ...
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -62,8 +63,13 @@ class Scheduler:
         max_active: int = 4,
         max_queue: int = 16,
         on_queue_change: Callable[[int, int], None] | None = None,
+        heads: dict | None = None,
     ):
+        """``heads``: loaded ``specdec.heads.load.Heads`` by kind (medusa, eagle) for the
+        target model; each request gets its own drafter over its own backend."""
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
+        self.heads = heads or {}
+        self.default_drafter: str | None = None  # the recipe "auto" resolved to, if it was
         self.max_active, self.max_queue = max_active, max_queue
         self.on_queue_change = on_queue_change or (lambda waiting, active: None)
         self.controllers: dict[str, AdaptiveK] = {}
@@ -77,7 +83,8 @@ class Scheduler:
     @property
     def drafters(self) -> list[str]:
         """The drafter recipes requests may ask for."""
-        return available_recipes(["lookup"] + (["model"] if self.draft_model is not None else []))
+        model = ["model"] if self.draft_model is not None else []
+        return available_recipes(["lookup", *model, *sorted(self.heads)])
 
     @property
     def max_length(self) -> int | None:
@@ -143,15 +150,16 @@ class Scheduler:
         if job.spec.adaptive:  # one controller per drafter recipe: what one request learns helps
             key = f"{job.drafter}/{job.spec.max_k}"
             controller = self.controllers.setdefault(key, AdaptiveK(max_k=job.spec.max_k))
-        engine = Engine(
-            HFModel(self.target_model, self.tokenizer), self._drafter(job.drafter), controller
-        )
+        target = HFModel(self.target_model, self.tokenizer)
+        engine = Engine(target, self._drafter(job.drafter, target), controller)
         return engine.stream(job.prompt_ids, job.params, job.spec)
 
-    def _drafter(self, recipe: str) -> Drafter | None:
+    def _drafter(self, recipe: str, target: HFModel) -> Drafter | None:
         factories: dict[str, Callable[[], Drafter]] = {"lookup": PromptLookupDrafter}
         if self.draft_model is not None:
             factories["model"] = lambda: ModelDrafter(HFModel(self.draft_model))
+        for kind, heads in self.heads.items():
+            factories[kind] = functools.partial(heads.drafter, target)
         return build_drafter(recipe, factories)
 
     def _advance(self, job: Job, rounds: Iterator[Chunk]) -> None:

@@ -6,6 +6,7 @@ Shared by ``specdec serve`` in one process and by every Ray Serve replica
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI
@@ -43,10 +44,42 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
         torch.set_num_threads(config.threads)
     extra = [progress] if progress is not None else []
     target = load_backend(config.target, config.dtype, config.cache_dir, *extra)
+    default_drafter = config.drafter
+    if default_drafter == "auto":
+        from specdec.heads.load import auto_recipe
+
+        default_drafter, why = auto_recipe(target, config.cache_dir, config.target)
+        sys.stderr.write(f"specdec: drafter auto -> {default_drafter} ({why})\n")
     draft = None
-    if config.draft is not None and "model" in config.drafter:
+    if config.draft is not None and "model" in default_drafter:
         draft = load_backend(config.draft, config.dtype, config.cache_dir, *extra).model
-    return Scheduler(target.model, target.tokenizer, draft, config.max_active, config.max_queue)
+    scheduler = Scheduler(
+        target.model,
+        target.tokenizer,
+        draft,
+        config.max_active,
+        config.max_queue,
+        heads=load_trained_heads(target, config.cache_dir, config.target, default_drafter),
+    )
+    scheduler.default_drafter = default_drafter
+    return scheduler
+
+
+def load_trained_heads(target, cache_dir: str | None, target_name: str, required: str) -> dict:
+    """Every kind of heads trained for the target; those the ``required`` recipe names
+    must be there."""
+    from specdec.drafters.recipe import parse_recipe
+    from specdec.heads.load import load_heads
+    from specdec.heads.nets import KINDS
+
+    heads = {}
+    for kind in KINDS:
+        try:
+            heads[kind] = load_heads(kind, target, cache_dir, target_name)
+        except ValueError:
+            if kind in parse_recipe(required):
+                raise
+    return heads
 
 
 def build_app(config: ServerConfig, scheduler: Scheduler, replica: str | None = None) -> FastAPI:
@@ -54,7 +87,7 @@ def build_app(config: ServerConfig, scheduler: Scheduler, replica: str | None = 
         scheduler,
         model_name=config.model_name or config.target,
         default_k=config.k,
-        default_drafter=config.drafter,
+        default_drafter=scheduler.default_drafter or config.drafter,
         limits=config.limits,
         api_key=config.api_key,
         allowed_hosts=config.allowed_hosts,
