@@ -236,6 +236,9 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
         assert main(["heads", "eval", "--kind", kind, "--max-k", "3", *common]) == 0
         result = json.loads(capsys.readouterr().out)
         assert len(result["acceptance_by_position"]) == 3 and result["c_per_draft"] > 0
+    model_eval = ["--kind", "model", "--draft", str(model_dir), "--draft-runtime", "transformers"]
+    assert main(["heads", "eval", *model_eval, "--max-k", "3", *common]) == 0
+    assert json.loads(capsys.readouterr().out)["drafter"].startswith("model-transformers")
     assert main(["heads", "list"]) == 0
     listing = capsys.readouterr().out
     assert "medusa" in listing and "eagle" in listing and "predicted speedup" in listing
@@ -246,6 +249,9 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
         assert main([*args, "-k", "3", "--json", *common]) == 0
         outputs[drafter] = json.loads(capsys.readouterr().out)["token_ids"]
     assert outputs["medusa"] == outputs["none"] == outputs["lookup+eagle"]
+    # The default drafter, auto, names its choice once heads are evaluated.
+    assert main(["generate", "the cat", "--max-tokens", "8", "--raw", "--json", *common]) == 0
+    assert "drafter auto -> " in capsys.readouterr().err
 
 
 def test_heads_cli_errors_are_one_line(tmp_path, model_dir, capsys, monkeypatch):

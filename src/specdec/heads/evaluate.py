@@ -144,11 +144,24 @@ def run_command(
     if not 1 <= args.max_k <= 16:
         raise ValueError(f"--max-k must be in 1..16, got {args.max_k}")
     max_k = args.max_k
+    label = args.kind
     if args.kind == "model":
+        from specdec.cli import draft_runtime, trim_draft
         from specdec.drafters import ModelDrafter
         from specdec.loading import load_backend
 
-        draft = load_backend(args.draft, args.dtype, args.cache_dir, progress)
+        runtime = (
+            "transformers"
+            if args.draft_vocab and args.draft_runtime == "auto"
+            else draft_runtime(args.draft_runtime, args.draft, args.cache_dir, progress)
+        )
+        draft = load_backend(args.draft, args.dtype, args.cache_dir, progress, runtime, "q4_0")
+        if args.draft_vocab:
+            trim_draft(draft, args.draft_vocab)
+        default = args.draft_runtime == "auto" and not args.draft_vocab
+        label = (
+            "model" if default else f"model-{runtime}" + ("-trimmed" if args.draft_vocab else "")
+        )
 
         def make_drafter(backend):
             return ModelDrafter(draft)
@@ -167,8 +180,8 @@ def run_command(
     timing = costs(make_drafter, target, held.tokens[0, :256].tolist(), max_k)
     result = summarize(agree, timing, max_k)
     result["held_out_chunks"] = int(held.tokens.shape[0])
-    result["drafter"] = args.kind if args.kind != "model" else f"model {args.draft}"
-    store.save_eval(entry, args.kind, result)
+    result["drafter"] = label if args.kind != "model" else f"{label} ({args.draft}, {runtime})"
+    store.save_eval(entry, label, result)
     json.dump(result, sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0

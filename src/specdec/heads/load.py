@@ -61,12 +61,17 @@ def load_heads(kind: str, target, cache_dir: str | None = None, target_name: str
 def quantize(net: nn.Module) -> nn.Module:
     """The heads' linear layers in int8 (``RowInt8Linear``, as the target's): a draft step
     reads a quarter of the bytes. Drafts need no batch invariance, only that ``draft_probs``
-    be the distribution sampled from, which holds for any weights."""
+    be the distribution sampled from, which holds for any weights.
+
+    EAGLE's input layer ``fc`` stays float32: its input row joins a token embedding (values
+    around 0.01) to a feature with outlier dimensions (hundreds), and one int8 scale per
+    row rounds the whole embedding to zero, which blinds the head to the token it is told.
+    Measured on held-out code: first-draft acceptance 0.38 with ``fc`` in int8."""
     from specdec.backends.int8 import RowInt8Linear
 
     for module in list(net.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
+            if isinstance(child, nn.Linear) and not (module is net and name == "fc"):
                 setattr(module, name, RowInt8Linear(child))
     return net
 
