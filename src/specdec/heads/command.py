@@ -81,6 +81,13 @@ def add_parser(commands, parser_class) -> None:
         default=4096,
         help="EAGLE: width of its layer's MLP (default: 4096)",
     )
+    train.add_argument(
+        "--distill-weight",
+        type=float,
+        default=0.1,
+        help="EAGLE: weight of the distillation loss next to the feature regression "
+        "(default: 0.1, EAGLE-1's)",
+    )
     train.add_argument("--restart", action="store_true", help="discard a checkpoint, start over")
     _common(train)
 

@@ -92,7 +92,7 @@ def agreement(make_drafter, target, held: data.Shard, max_k: int, positions: int
     return Agreement(accepted, trials)
 
 
-def costs(make_drafter, target, prompt: list[int], max_k: int, repeats: int = 5) -> dict:
+def costs(make_drafter, target, prompt: list[int], max_k: int, repeats: int = 9) -> dict:
     """Median seconds of a one-token target step, a (k+1)-token pass, and a k-draft chain,
     timed interleaved after ``prompt`` is cached."""
     drafter = make_drafter(target)

@@ -34,6 +34,7 @@ from specdec.heads.nets import HeadsConfig, build
 CHECKPOINT_EVERY = 60.0  # seconds
 WARMUP_STEPS = 30
 SPECIAL_SLACK = 64  # room for special tokens beyond --vocab-size
+DISTILL_WEIGHT = 0.1  # EAGLE: weight of the distillation term next to the regression
 
 
 def bf16_native() -> bool:
@@ -86,7 +87,12 @@ def medusa_loss(
 
 
 def eagle_loss(
-    net, output: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor, embed: nn.Module
+    net,
+    output: torch.Tensor,
+    tokens: torch.Tensor,
+    features: torch.Tensor,
+    embed: nn.Module,
+    distill_weight: float = DISTILL_WEIGHT,
 ) -> torch.Tensor:
     inputs = features[:, :-1]
     noise = (torch.rand_like(inputs) - 0.5) * 0.2 * inputs.std()
@@ -95,7 +101,7 @@ def eagle_loss(
         teacher = features[:, 1:] @ output.T
     predicted = net(inputs + noise, embeddings)  # pair i predicts f_{i+1}
     regression = nn.functional.smooth_l1_loss(predicted.float(), features[:, 1:].float())
-    return regression + 0.1 * distill_loss(predicted @ output.T, teacher)
+    return regression + distill_weight * distill_loss(predicted @ output.T, teacher)
 
 
 def train(
@@ -111,6 +117,7 @@ def train(
     batch_chunks: int = 2,
     learning_rate: float | None = None,
     max_steps: int | None = None,
+    distill_weight: float = DISTILL_WEIGHT,
 ) -> dict:
     """Train ``net`` in place for ``minutes`` (plus any time an earlier run spent, read from
     ``state``), or ``max_steps`` steps in all if that comes first; returns the training
@@ -148,7 +155,7 @@ def train(
                 loss = medusa_loss(net, output, tokens, features)
             else:
                 assert embed is not None, "EAGLE embeds tokens with the target's embedding"
-                loss = eagle_loss(net, output, tokens, features, embed)
+                loss = eagle_loss(net, output, tokens, features, embed, distill_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -237,7 +244,18 @@ def run_command(
     output = output_rows(target, config.token_ids)
     embed = target.model.get_input_embeddings()
     entry.mkdir(parents=True, exist_ok=True)
-    record = train(config, net, output, train_set, args.minutes, embed, checkpoint, state, progress)
+    record = train(
+        config,
+        net,
+        output,
+        train_set,
+        args.minutes,
+        embed,
+        checkpoint,
+        state,
+        progress,
+        distill_weight=args.distill_weight,
+    )
     trained = HeadsConfig.from_dict(
         config.to_dict()
         | {
