@@ -250,7 +250,17 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
         outputs[drafter] = json.loads(capsys.readouterr().out)["token_ids"]
     assert outputs["medusa"] == outputs["none"] == outputs["lookup+eagle"]
     # The default drafter, auto, names its choice once heads are evaluated.
-    assert main(["generate", "the cat", "--max-tokens", "8", "--raw", "--json", *common]) == 0
+    auto = [
+        "generate",
+        "the cat",
+        "--max-tokens",
+        "8",
+        "--raw",
+        "--json",
+        "--draft",
+        str(model_dir),
+    ]
+    assert main([*auto, "--draft-runtime", "transformers", *common]) == 0
     assert "drafter auto -> " in capsys.readouterr().err
 
 
