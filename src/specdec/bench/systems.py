@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDr
 from specdec.drafters.recipe import available_recipes, build_drafter, describe_recipe
 from specdec.engine import Engine
 from specdec.models import GGUF_TYPES
+
+if TYPE_CHECKING:
+    from specdec.heads.load import Heads
 
 TRANSFORMERS_DTYPES = ("int8", "bfloat16", "float32")
 
@@ -91,17 +94,17 @@ class ModelPool:
         self.progress = None  # set while loading, for the loaders' progress bars
         self._loaded: dict[tuple[str, str], object] = {}
         self._cache_dir, self._target_name = cache_dir, target_name
-        self._heads: dict[tuple[str, str], object] = {}
+        self._heads: dict[tuple[str, int], Heads] = {}
 
     def heads_drafter(self, kind: str, target) -> Drafter:
         """A ``kind`` heads drafter over ``target`` (a backend of the pool's target), the
         heads loaded once per target runtime."""
         from specdec.heads.load import load_heads
 
-        key = (kind, str(id(getattr(target, "model", target))))
+        key = (kind, id(getattr(target, "model", target)))
         if key not in self._heads:
             self._heads[key] = load_heads(kind, target, self._cache_dir, self._target_name)
-        return self._heads[key].drafter(target)  # type: ignore[attr-defined]
+        return self._heads[key].drafter(target)
 
     def module(self, role: str, dtype: str):
         return self._get(role, dtype)
@@ -314,9 +317,8 @@ PEERS: dict[str, tuple[str, dict[str, Any]]] = {
         {"prompt_lookup_num_tokens": 10},
     ),
 }
-DRAFTER_NAMES = available_recipes(["lookup", "model", "ngram", "medusa", "eagle"])[
-    1:
-]  # every recipe but none
+DRAFTER_KINDS = ["lookup", "model", "ngram", "medusa", "eagle"]
+DRAFTER_NAMES = available_recipes(DRAFTER_KINDS)[1:]  # every recipe but none
 DEFAULT_SYSTEMS = (
     "plain",
     "model-k4",

@@ -30,6 +30,7 @@ from torch import nn
 
 from specdec.heads import data, store
 from specdec.heads.nets import HeadsConfig, build
+from specdec.vocab import top_tokens
 
 CHECKPOINT_EVERY = 60.0  # seconds
 WARMUP_STEPS = 30
@@ -53,9 +54,7 @@ def trimmed_vocabulary(
     When the data has fewer distinct tokens than ``size``, the rest are the lowest unseen
     ids below ``vocab_size``: a BPE vocabulary numbers its tokens in merge order, so low
     ids are the common ones of its own training text (prose the corpus may lack)."""
-    counts = Counter(tokens.flatten().tolist())
-    ranked = sorted(counts, key=lambda t: (-counts[t], t))[:size]
-    chosen = set(ranked)
+    chosen = set(top_tokens(Counter(tokens.flatten().tolist()), size))
     for token in range(vocab_size or 0):
         if len(chosen) >= size:
             break
