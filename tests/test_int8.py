@@ -8,6 +8,7 @@ from helpers import backend, perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends import int8
 from specdec.backends.int8 import RowInt8Linear, make_int8_batch_invariant
+from specdec.doctor import real_size_model
 from specdec.drafters import ModelDrafter
 
 
@@ -36,6 +37,34 @@ def test_tall_weights_are_split_into_pieces(monkeypatch):
     monkeypatch.setattr(int8, "ROWS_PER_PIECE", 1000)
     x = torch.randn(3, 8)
     assert torch.equal(split(x), RowInt8Linear(layer)(x))
+
+
+def _unfused(model, monkeypatch):
+    """``model`` on the int8 runtime without the fused projections."""
+    from specdec.backends import int8_fused
+
+    with monkeypatch.context() as patch:
+        patch.setattr(int8_fused, "fuse_projections", lambda m: m)
+        return make_int8_batch_invariant(model)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [lambda: tiny_llama(seed=3), real_size_model],
+    ids=["tiny llama", "qwen2 at the 1.5B's layer sizes"],
+)
+def test_fused_projections_give_the_separate_layers_logits_bit_for_bit(build, monkeypatch):
+    from specdec.backends.int8_fused import FusedAttention, FusedMLP
+
+    fused = make_int8_batch_invariant(build())
+    kinds = {type(module) for module in fused.modules()}
+    assert FusedAttention in kinds and FusedMLP in kinds
+    separate = backend(_unfused(build(), monkeypatch))
+    fused_backend = backend(fused)
+    for model in (fused_backend, separate):
+        model.forward([t % 17 + 1 for t in range(29)])
+    for block in ([4, 9, 2, 11, 7], [5], [13, 3]):
+        assert torch.equal(fused_backend.forward(block), separate.forward(block))
 
 
 @pytest.fixture(scope="module")

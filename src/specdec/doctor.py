@@ -32,9 +32,14 @@ class InvarianceResult:
 
 def real_size_int8_model(layers: int = 2, vocab: int = 2048, seed: int = 0):
     """A random Qwen2 at the 1.5B's layer sizes, on the int8 runtime."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from specdec.backends.int8 import make_int8_batch_invariant
+
+    return make_int8_batch_invariant(real_size_model(layers, vocab, seed))
+
+
+def real_size_model(layers: int = 2, vocab: int = 2048, seed: int = 0):
+    """A random float32 Qwen2 at the 1.5B's layer sizes."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
         vocab_size=vocab,
@@ -50,7 +55,7 @@ def real_size_int8_model(layers: int = 2, vocab: int = 2048, seed: int = 0):
     torch.manual_seed(seed)  # model init draws from the global RNG; restored right after
     model = Qwen2ForCausalLM(config).eval()
     torch.random.set_rng_state(state)
-    return make_int8_batch_invariant(model)
+    return model
 
 
 def check_block_equals_steps(model, threads: int, seed: int = 0) -> InvarianceResult:

@@ -85,14 +85,22 @@ class RowInt8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x  # [..., in_features]
         shape = x.shape
         rows = x.reshape(-1, shape[-1]).float()
-        row_scale = rows.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30)
-        pins = torch.ones(rows.shape[0], 1)
-        pinned = torch.cat([rows / row_scale, pins, -pins], dim=-1)  # every call's range: [-1, 1]
-        outs = [torch.ops.quantized.linear_dynamic(pinned, piece, True) for piece in self.pieces]
-        out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)) * row_scale
+        row_scale = rows.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-30)
+        pinned = torch.empty(rows.shape[0], self.in_features + 2)
+        torch.div(rows, row_scale, out=pinned[:, : self.in_features])
+        pinned[:, self.in_features :] = _PINS  # every call's range: [-1, 1]
+        if len(self.pieces) == 1:
+            out = _LINEAR_DYNAMIC(pinned, self.pieces[0], True)
+        else:
+            out = torch.cat([_LINEAR_DYNAMIC(pinned, piece, True) for piece in self.pieces], -1)
+        out.mul_(row_scale)
         if self.bias is not None:
-            out = out + self.bias
+            out.add_(self.bias)
         return out.reshape(*shape[:-1], self.out_features)
+
+
+_LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic
+_PINS = torch.tensor([[1.0, -1.0]])
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,12 +211,16 @@ def _register_attention() -> None:
 
 
 def make_int8_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrainedModel:
-    """Swap every nn.Linear (lm_head included) for RowInt8Linear and use row attention.
+    """Swap every nn.Linear (lm_head included) for RowInt8Linear and use row attention;
+    q/k/v and gate/up are fused first (``int8_fused``: one product each, same bits).
 
     The model must be float32 on the CPU; it is changed in place and returned. Quantizing
     takes ~20 s for a 1.5B model; two threads do it (the torch ops release the GIL).
     ``progress(step, done, total)`` is called as layers finish.
     """
+    from specdec.backends.int8_fused import fuse_projections
+
+    fuse_projections(model)
     slots = [
         (module, name, child)
         for module in model.modules()

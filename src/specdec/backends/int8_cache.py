@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 
 from specdec.backends.int8 import RowInt8Linear, make_int8_batch_invariant
 
-FORMAT = 1
+FORMAT = 2  # 2: q/k/v and gate/up stored fused (backends/int8_fused.py)
 MARKER = "specdec-int8.json"
 WEIGHTS = "int8.safetensors"
 _COPIED = ("config.json", "generation_config.json")
@@ -95,10 +95,11 @@ def load(directory: Path, progress=None) -> PreTrainedModel:
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     from specdec.backends.int8 import finish_int8_model
+    from specdec.backends.int8_fused import fuse_projections
 
     config = AutoConfig.from_pretrained(directory)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = fuse_projections(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
     reader = _Reader(directory / WEIGHTS)
     linears = sorted({n.rsplit(".", 1)[0] for n in reader.names if n.endswith(".int8")})
 
