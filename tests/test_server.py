@@ -15,6 +15,7 @@ import uvicorn
 
 from helpers import backend, char_tokenizer, perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends.int8 import RowInt8Linear, make_int8_batch_invariant
 from specdec.drafters import ModelDrafter
 from specdec.server import Scheduler, create_app
 
@@ -66,12 +67,17 @@ class Running:
         self.scheduler.stop()
 
 
-@pytest.fixture(scope="module")
-def models():
+@pytest.fixture(scope="module", params=["float32", "int8"])
+def models(request):
+    """float32: requests take turns, a round each; int8: every step is one batched pass
+    over all active requests (``BatchedModel``)."""
     tokenizer = char_tokenizer()
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     target = tiny_llama(seed=0)
-    return target, perturbed_copy(target, noise=0.03, seed=1), tokenizer
+    draft = perturbed_copy(target, noise=0.03, seed=1)
+    if request.param == "int8":
+        target, draft = make_int8_batch_invariant(target), make_int8_batch_invariant(draft)
+    return target, draft, tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +240,10 @@ def test_bad_input_gives_an_openai_error_and_the_server_keeps_serving(server, bo
     assert status == 200
 
 
+def test_the_int8_server_batches_and_the_float_one_takes_turns(server, models):
+    assert (server.scheduler.batched is not None) == isinstance(models[0].lm_head, RowInt8Linear)
+
+
 def test_sixteen_parallel_streams_each_equal_their_request_alone(server, models):
     prompts = [f"parallel {chr(97 + i)} {'x' * i}" for i in range(16)]
 
@@ -262,6 +272,14 @@ def test_sixteen_parallel_streams_each_equal_their_request_alone(server, models)
             text == alone(models, prompts[i], 24, k=3, seed=seed, temperature=temperature).text
         ), i
     assert elapsed < 120
+    if server.scheduler.batched is not None:  # passes scored several requests at once
+        with urllib.request.urlopen(server.url + "/metrics") as metrics:
+            lines = metrics.read().decode().splitlines()
+        single = next(
+            line for line in lines if line.startswith('specdec_batch_requests_bucket{le="1.0"}')
+        )
+        total = next(line for line in lines if line.startswith("specdec_batch_requests_count"))
+        assert float(single.split()[-1]) < float(total.split()[-1])
 
 
 def test_a_full_queue_answers_503_and_a_disconnect_frees_the_slot(models):

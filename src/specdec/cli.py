@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from specdec.config import SamplingParams, SpecConfig
+from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
 from specdec.heads import command as heads_command
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES, ModelError
 from specdec.prompting import encode_prompt
@@ -124,9 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="OpenAI-compatible HTTP server with speculative decoding",
         description="Serve /v1/completions and /v1/chat/completions (streaming or not), "
-        "/v1/models, /health and Prometheus /metrics. Requests are decoded by one worker thread, a "
-        "round at a time, round-robin over up to --max-active requests, each with its "
-        "own KV caches; --max-queue more may wait, beyond that the answer is 503.",
+        "/v1/models, /health and Prometheus /metrics. One worker thread decodes up to "
+        "--max-active requests, each with its own KV caches; --max-queue more may wait, beyond "
+        "that the answer is 503. On the int8 runtime every step is one round of every active "
+        "request in ONE target pass (continuous batching: each drafts, the target scores all "
+        "of them at once, each accepts its own count; the draft model's passes are batched "
+        "too), at most --max-rows rows per pass split evenly; each request's output is what "
+        "it would be alone, bit for bit. Other runtimes take turns, a round each.",
     )
     serve.add_argument(
         "--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})"
@@ -167,7 +171,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument(
-        "--max-active", type=int, default=4, help="requests decoded at once (default: 4)"
+        "--max-active", type=int, default=8, help="requests decoded at once (default: 8)"
+    )
+    serve.add_argument(
+        "--max-rows",
+        type=int,
+        default=DEFAULT_MAX_ROWS,
+        help="rows one batched target pass may score, split evenly among the active requests "
+        f"(caps their k; default: {DEFAULT_MAX_ROWS})",
+    )
+    serve.add_argument(
+        "--no-batching",
+        dest="batching",
+        action="store_false",
+        help="requests take turns, a round each, even on int8 (for comparison)",
     )
     serve.add_argument(
         "--max-queue", type=int, default=16, help="requests that may wait (default: 16)"
@@ -764,8 +781,8 @@ def _serve(args: argparse.Namespace) -> int:
     from specdec.cli_output import progress_bar
     from specdec.server.setup import build_app, build_scheduler
 
-    if args.max_active < 1 or args.max_queue < 0:
-        raise UsageError("--max-active must be >= 1 and --max-queue >= 0")
+    if args.max_active < 1 or args.max_queue < 0 or args.max_rows < 1:
+        raise UsageError("--max-active and --max-rows must be >= 1 and --max-queue >= 0")
     if args.replicas is not None:
         return _serve_replicas(args)
     config = _server_config(args, threads=None)  # bad flags fail before any loading
@@ -809,6 +826,8 @@ def _server_config(args: argparse.Namespace, threads: int | None):
         k=args.k,
         max_active=args.max_active,
         max_queue=args.max_queue,
+        max_rows=args.max_rows,
+        batching=args.batching,
         threads=threads,
         limits=limits,
         api_key=args.api_key or os.environ.get("SPECDEC_API_KEY") or None,

@@ -12,8 +12,9 @@ last, whose logits the next round needs anyway.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -21,7 +22,7 @@ from specdec.backends.base import Backend, sync_cache
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK
 from specdec.detokenizer import Detokenizer
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.base import Drafter, Drafting, Proposal, drafting_of, drive
 from specdec.metrics import SpecStats
 from specdec.sampling import Sampler, logits_to_probs
 from specdec.verify import VerifyResult, verify_coupled, verify_greedy, verify_stochastic
@@ -99,12 +100,20 @@ class Engine:
         spec: SpecConfig | None = None,
     ) -> Iterator[Chunk]:
         """Yield one ``Chunk`` per round, as soon as the round is verified."""
+        yield from self.begin(prompt_ids, params, spec).rounds()
+
+    def begin(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        spec: SpecConfig | None = None,
+    ) -> Run:
+        """A request's decoding state, for callers that drive rounds themselves (a batch:
+        ``step_together``); ``stream`` is ``begin(...).rounds()``."""
         params = params or SamplingParams()
         spec = spec or SpecConfig()
         prompt = self._check_prompt(prompt_ids)
-        detokenizer = Detokenizer(self.target.tokenizer, params.stop)
-        run = _Run(self, prompt, params, spec, detokenizer)
-        yield from run.rounds()
+        return Run(self, prompt, params, spec, Detokenizer(self.target.tokenizer, params.stop))
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
         prompt = [int(t) for t in prompt_ids]
@@ -124,7 +133,7 @@ class Engine:
         return prompt
 
 
-class _Run:
+class Run:
     """The state of one request: its context, generator, stats and text."""
 
     def __init__(
@@ -154,17 +163,21 @@ class _Run:
         self.context = list(prompt)
         self.generated: list[int] = []
         self.stats = SpecStats(prompt_tokens=len(prompt))
+        self.started = 0.0  # set by start()
 
     def rounds(self) -> Iterator[Chunk]:
-        started = time.perf_counter()
-        self._prefill()
-        self.stats.prefill_seconds = time.perf_counter() - started
+        self.start()
         finish_reason = None
         while finish_reason is None:
             chunk = self._round()
             finish_reason = chunk.finish_reason
-            self.stats.total_seconds = time.perf_counter() - started
             yield chunk
+
+    def start(self) -> None:
+        """The prefill; rounds follow."""
+        self.started = time.perf_counter()
+        self._prefill()
+        self.stats.prefill_seconds = time.perf_counter() - self.started
 
     def _prefill(self) -> None:
         """Bring the target cache to ``context[:-1]``, reusing a prefix it already holds, and
@@ -178,11 +191,21 @@ class _Run:
             self.drafter.prepare(self.context)
 
     def _round(self) -> Chunk:
-        proposal, draft_seconds = self._propose()
-        k = len(proposal.token_ids)
+        proposal, draft_seconds = self.propose()
         started = time.perf_counter()
-        logits = self.target.forward([self.context[-1]] + proposal.token_ids)  # [k + 1, vocab]
-        pass_seconds = time.perf_counter() - started
+        logits = self.target.forward(self.scored_tokens(proposal))  # [k + 1, vocab]
+        return self.finish_round(proposal, draft_seconds, logits, time.perf_counter() - started)
+
+    def scored_tokens(self, proposal: Proposal) -> list[int]:
+        """What the target scores this round: the last context token and the drafts."""
+        return [self.context[-1]] + proposal.token_ids
+
+    def finish_round(
+        self, proposal: Proposal, draft_seconds: float, logits: torch.Tensor, pass_seconds: float
+    ) -> Chunk:
+        """Verify the target's ``logits`` of ``scored_tokens(proposal)``, cut the target
+        cache back to what was accepted, emit."""
+        k = len(proposal.token_ids)
         self.stats.target_forwards += 1
         result = self._verify(proposal, logits)
         started = time.perf_counter()
@@ -197,23 +220,40 @@ class _Run:
             self.controller.observe(
                 k, result.num_accepted, proposal.confidences, draft_seconds, pass_seconds
             )
-        return self._emit(result, proposal)
+        chunk = self._emit(result, proposal)
+        self.stats.total_seconds = time.perf_counter() - self.started
+        return chunk
 
-    def _propose(self) -> tuple[Proposal, float]:
+    def propose(self, max_k: int | None = None) -> tuple[Proposal, float]:
+        """This round's drafts and the seconds drafting took."""
+        if self._draft_k(max_k) <= 0:
+            return Proposal([]), 0.0
+        started = time.perf_counter()
+        proposal = drive(self.drafting(max_k))
+        return proposal, time.perf_counter() - started
+
+    def drafting(self, max_k: int | None = None) -> Drafting:
+        """This round's drafts, step by step (``drafters.base.Drafting``): at most ``max_k``
+        (a batch's share of a pass)."""
+        k = self._draft_k(max_k)
+        if k <= 0:
+            return Proposal([])
+        assert self.drafter is not None, "k > 0 only with a drafter"
+        keep_going = self.controller.keep_going if self.controller is not None else None
+        proposal = yield from drafting_of(self.drafter, self.context, k, self.sampler, keep_going)
+        assert len(proposal.token_ids) <= k, "drafter proposed more than k tokens"
+        return proposal
+
+    def _draft_k(self, max_k: int | None) -> int:
         remaining = self.params.max_tokens - len(self.generated)
         k = self.controller.choose_k() if self.controller is not None else self.k
+        if max_k is not None:
+            k = min(k, max_k)
         # A round emits up to k + 1 tokens; never draft past max_tokens or the context.
         k = min(k, remaining - 1)
         if self.target.max_length is not None:
             k = min(k, self.target.max_length - len(self.context) - 1)
-        if k <= 0:
-            return Proposal([]), 0.0
-        assert self.drafter is not None, "k > 0 only with a drafter"
-        keep_going = self.controller.keep_going if self.controller is not None else None
-        started = time.perf_counter()
-        proposal = self.drafter.propose(self.context, k, self.sampler, keep_going)
-        assert len(proposal.token_ids) <= k, "drafter proposed more than k tokens"
-        return proposal, time.perf_counter() - started
+        return k
 
     def _verify(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
         draft_ids = torch.tensor(proposal.token_ids, dtype=torch.long)
@@ -274,3 +314,93 @@ class _Run:
             return True
         limit = self.target.max_length
         return limit is not None and len(self.context) >= limit
+
+
+def step_together(
+    runs: Sequence[Run],
+    forward_many: Callable[[list[tuple[Any, list[int], bool]]], list[torch.Tensor]],
+    max_rows: int | None = None,
+) -> list[Chunk | Exception]:
+    """One round of every run (each already ``start``ed) in ONE target pass: continuous
+    batching. Each run drafts, at most its share of ``max_rows`` (the rows one pass may
+    score, split evenly; every run scores at least its last token); ``forward_many``
+    (``BatchedModel.forward_many``) scores every run's tokens against its own cache; each
+    run verifies with its own generator and accepts its own count. A run whose drafting or
+    verification fails gets its exception; if the pass fails, every run in it does, and
+    the target caches are as they were (``BatchedModel`` restores them)."""
+    share = None if max_rows is None else max(max_rows // len(runs) - 1, 0)
+    results: list[Chunk | Exception | None] = [None] * len(runs)
+    started = time.perf_counter()
+    proposals = _draft_together(runs, share)
+    draft_seconds = time.perf_counter() - started
+    pending = []
+    for i, proposal in enumerate(proposals):
+        if isinstance(proposal, Exception):
+            results[i] = proposal
+        else:
+            pending.append((i, runs[i], proposal))
+    if pending:
+        started = time.perf_counter()
+        try:
+            logits = forward_many(
+                [(run.target, run.scored_tokens(proposal), False) for _, run, proposal in pending]
+            )
+        except Exception as error:
+            for i, *_ in pending:
+                results[i] = error
+        else:
+            pass_seconds = time.perf_counter() - started
+            for (i, run, proposal), rows in zip(pending, logits, strict=True):
+                seconds = draft_seconds if proposal.token_ids else 0.0
+                try:
+                    results[i] = run.finish_round(proposal, seconds, rows, pass_seconds)
+                except Exception as error:
+                    results[i] = error
+    done = [result for result in results if result is not None]
+    assert len(done) == len(runs), "every run got a chunk or an error"
+    return done
+
+
+def _draft_together(runs: Sequence[Run], share: int | None) -> list[Proposal | Exception]:
+    """Every run's drafting in lockstep: at each step the draft passes of sequences of one
+    ``BatchedModel`` run as one pass, other passes one by one. A run whose drafting fails
+    (or whose batched pass fails) gets the exception."""
+    results: list[Proposal | Exception | None] = [None] * len(runs)
+    steps = {i: run.drafting(share) for i, run in enumerate(runs)}
+    calls: dict[int, tuple[Any, list[int]]] = {}
+
+    def advance(i: int, logits: torch.Tensor | None) -> None:
+        try:
+            calls[i] = next(steps[i]) if logits is None else steps[i].send(logits)
+        except StopIteration as done:
+            results[i] = done.value
+            calls.pop(i, None)
+        except Exception as error:
+            results[i] = error
+            calls.pop(i, None)
+
+    for i in steps:
+        advance(i, None)
+    while calls:
+        groups: dict[int, list[int]] = {}
+        for i, (backend, _) in calls.items():
+            batched = getattr(backend, "batched", None)
+            groups.setdefault(id(batched) if batched is not None else -1 - i, []).append(i)
+        for members in groups.values():
+            backend = calls[members[0]][0]
+            try:
+                if hasattr(backend, "batched"):
+                    outs = backend.batched.forward_many([(*calls[i], True) for i in members])
+                else:
+                    outs = [backend.forward(calls[members[0]][1], last_only=True)]
+            except Exception as error:
+                for i in members:
+                    results[i] = error
+                    calls.pop(i)
+                    steps[i].close()
+                continue
+            for i, out in zip(members, outs, strict=True):
+                advance(i, out)
+    done = [result for result in results if result is not None]
+    assert len(done) == len(runs), "every run drafted or failed"
+    return done

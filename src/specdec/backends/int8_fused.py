@@ -16,7 +16,7 @@ with and without fusion, bit for bit). Modules of another shape are left as they
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -57,8 +57,37 @@ class FusedAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
         cache = cache if cache is not None else past_key_values
-        input_shape = hidden_states.shape[:-1]
-        per_head = (*input_shape, -1, self.head_dim)
+        query, key, value = self._rotated_qkv(hidden_states, position_embeddings)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
+        out, _ = row_invariant_sdpa(self, query, key, value, None, scaling=self.scaling)
+        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), None
+
+    def forward_ragged(
+        self,
+        hidden_states: torch.Tensor,  # [1, rows, hidden]: the new tokens of many sequences
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        segments: list[tuple[Any, int, int]],  # (its layer cache, first row, end row)
+    ) -> torch.Tensor:
+        """Attention for the rows of many sequences at once, each segment of rows against
+        its own sequence's cache (``backends/batched.py``): the same calls, row by row, as
+        ``forward`` makes for that sequence alone."""
+        query, key, value = self._rotated_qkv(hidden_states, position_embeddings)
+        outs = []
+        for cache, start, end in segments:
+            keys, values = cache.update(key[:, :, start:end], value[:, :, start:end])
+            out, _ = row_invariant_sdpa(
+                self, query[:, :, start:end], keys, values, None, scaling=self.scaling
+            )
+            outs.append(out)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous())
+
+    def _rotated_qkv(
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """query, key, value  # [batch, heads, tokens, head_dim], query and key rotated."""
+        per_head = (*hidden_states.shape[:-1], -1, self.head_dim)
         query, key, value = (
             part.reshape(per_head).transpose(1, 2)
             for part in self.qkv_proj(hidden_states).split(self.sizes, dim=-1)
@@ -66,10 +95,7 @@ class FusedAttention(nn.Module):
         cos, sin = (t.unsqueeze(1) for t in position_embeddings)
         query = (query * cos) + (rotate_half(query) * sin)
         key = (key * cos) + (rotate_half(key) * sin)
-        if cache is not None:
-            key, value = cache.update(key, value, self.layer_idx)
-        out, _ = row_invariant_sdpa(self, query, key, value, None, scaling=self.scaling)
-        return self.o_proj(out.reshape(*input_shape, -1).contiguous()), None
+        return query, key, value
 
 
 class FusedMLP(nn.Module):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -55,3 +55,37 @@ class Drafter(Protocol):
         token and stop early when it returns False; others may ignore it.
         """
         ...
+
+
+# A drafter that drafts with a model may do it step by step: ``drafting(...)`` is a generator
+# that yields each forward pass it needs, ``(backend, token_ids)`` (last position only), is
+# sent that pass's logits, and returns its Proposal. ``propose`` runs it pass by pass;
+# ``engine.step_together`` runs the drafting of many requests in lockstep, their passes on
+# one batched model together.
+ForwardCall = tuple[Any, list[int]]
+Drafting = Generator[ForwardCall, torch.Tensor, Proposal]
+
+
+def drive(drafting: Drafting) -> Proposal:
+    """Run a ``drafting`` generator with one pass at a time."""
+    try:
+        backend, token_ids = next(drafting)
+        while True:
+            backend, token_ids = drafting.send(backend.forward(token_ids, last_only=True))
+    except StopIteration as done:
+        return done.value
+
+
+def drafting_of(
+    drafter: Drafter,
+    context: Sequence[int],
+    k: int,
+    sampler: Sampler | None = None,
+    keep_going: KeepGoing | None = None,
+) -> Drafting:
+    """``drafter``'s step-by-step drafting, or its whole ``propose`` as one step with no
+    pass to share (lookup, n-grams, heads)."""
+    steps = getattr(drafter, "drafting", None)
+    if steps is not None:
+        return (yield from steps(context, k, sampler, keep_going))
+    return drafter.propose(context, k, sampler, keep_going)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdec.drafters.base import Drafter, KeepGoing, Proposal
+from specdec.drafters.base import Drafter, Drafting, KeepGoing, Proposal, drafting_of, drive
 from specdec.sampling import Sampler
 
 
@@ -35,9 +35,19 @@ class FallbackDrafter:
         sampler: Sampler | None = None,
         keep_going: KeepGoing | None = None,
     ) -> Proposal:
+        return drive(self.drafting(context, k, sampler, keep_going))
+
+    def drafting(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampler: Sampler | None = None,
+        keep_going: KeepGoing | None = None,
+    ) -> Drafting:
+        """``propose``, one member's draft pass per step (see ``drafters.base.Drafting``)."""
         proposal = Proposal([], drafter=self.name)
         for drafter in self.drafters:
-            proposal = drafter.propose(context, k, sampler, keep_going)
+            proposal = yield from drafting_of(drafter, context, k, sampler, keep_going)
             if proposal.token_ids:
                 return proposal
         return proposal

@@ -8,7 +8,7 @@ import torch
 
 from specdec.backends.base import Backend, common_prefix_length, sync_cache
 from specdec.config import SamplingParams
-from specdec.drafters.base import KeepGoing, Proposal
+from specdec.drafters.base import Drafting, KeepGoing, Proposal, drive
 from specdec.sampling import Sampler
 
 _GREEDY = SamplingParams(temperature=0.0)
@@ -42,6 +42,16 @@ class ModelDrafter:
         sampler: Sampler | None = None,
         keep_going: KeepGoing | None = None,
     ) -> Proposal:
+        return drive(self.drafting(context, k, sampler, keep_going))
+
+    def drafting(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampler: Sampler | None = None,
+        keep_going: KeepGoing | None = None,
+    ) -> Drafting:
+        """``propose``, one draft pass per step (see ``drafters.base.Drafting``)."""
         assert len(context) > 0, "drafting needs a context"
         sampler = sampler or Sampler(_GREEDY)
         if self.backend.max_length is not None:
@@ -51,7 +61,7 @@ class ModelDrafter:
         # Keep at least the last context token unfed: its logits give the first draft.
         keep = min(common_prefix_length(self.backend.cached_token_ids, context), len(context) - 1)
         self.backend.truncate(keep)
-        logits = self.backend.forward(context[keep:], last_only=True)[-1]
+        logits = (yield (self.backend, list(context[keep:])))[-1]
         token_ids: list[int] = []
         probs: list[torch.Tensor] = []
         confidences: list[float] = []
@@ -66,7 +76,7 @@ class ModelDrafter:
                     break
             if len(token_ids) == k:
                 break
-            logits = self.backend.forward([token_id], last_only=True)[-1]
+            logits = (yield (self.backend, [token_id]))[-1]
         return Proposal(
             token_ids,
             torch.stack(probs) if probs else None,

@@ -79,6 +79,7 @@ def create_app(
     limits = limits or Limits()
     metrics = ServerMetrics(replica)
     scheduler.on_queue_change = metrics.set_queue
+    scheduler.on_batched_pass = metrics.batch_requests.observe
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -45,6 +45,12 @@ class ServerMetrics:
         )
         self.queue_length = Gauge("specdec_queue_length", "requests waiting for a slot", registry=r)
         self.active = Gauge("specdec_active_requests", "requests being decoded", registry=r)
+        self.batch_requests = Histogram(
+            "specdec_batch_requests",
+            "requests scored together by one batched target pass",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
+            registry=r,
+        )
 
         if replica is not None:
             info = Gauge("specdec_replica_info", "which replica answered", ["replica"], registry=r)

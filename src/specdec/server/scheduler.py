@@ -1,13 +1,17 @@
-"""One worker thread decodes every request, a round at a time, round-robin.
+"""One worker thread decodes every request, a round at a time.
 
 Design: the models are shared and only this thread runs them. Each request gets its own
-Engine over fresh backend wrappers (its own KV caches), so requests never see each other's
-state, and active requests advance one speculative round each in turn: a long request
-cannot starve a short one, and time to first token stays bounded by the number of active
-requests. At most ``max_active`` requests are decoded at once and ``max_queue`` wait; more
-are refused (the app answers 503). A request whose client went away is dropped at its next
-round, freeing its slot. Adaptive-k controllers are shared per drafter kind: what one
-request teaches about acceptance and costs helps the next.
+Engine over its own target sequence (its own KV cache), so requests never see each other's
+state. On the int8 runtime (``backends/batched.py``) every step is one round of EVERY active
+request in one target pass (continuous batching, ``engine.step_together``): each drafts,
+the target scores all of them at once, each accepts its own count; finished requests leave
+and waiting ones join at the next step. ``max_rows`` caps the rows one pass scores, split
+evenly, so one request's k cannot slow the others. On other runtimes active requests
+advance one round each in turn. Either way a long request cannot starve a short one. At
+most ``max_active`` requests are decoded at once and ``max_queue`` wait; more are refused
+(the app answers 503). A request whose client went away is dropped at its next step,
+freeing its slot. Adaptive-k controllers are shared per drafter kind: what one request
+teaches about acceptance and costs helps the next.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from specdec.backends.batched import BatchedModel, ModelSequence, supports
 from specdec.backends.hf import HFModel
-from specdec.config import SamplingParams, SpecConfig
+from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK
 from specdec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from specdec.drafters.recipe import available_recipes, build_drafter
-from specdec.engine import Chunk, Engine
+from specdec.engine import Chunk, Engine, Run, step_together
 
 END = None  # marks the end of a job's output queue
 
@@ -64,17 +69,32 @@ class Scheduler:
         max_queue: int = 16,
         on_queue_change: Callable[[int, int], None] | None = None,
         heads: dict | None = None,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        batching: bool = True,
     ):
         """``heads``: loaded ``specdec.heads.load.Heads`` by kind (medusa, eagle) for the
-        target model; each request gets its own drafter over its own backend."""
+        target model; each request gets its own drafter over its own backend.
+        ``max_rows``: the rows one batched target pass may score. ``batching=False``:
+        requests take turns even on the int8 runtime (for comparison)."""
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
+        self.batched = (
+            BatchedModel(target_model, tokenizer) if batching and supports(target_model) else None
+        )
+        # The draft model's passes of all requests run as one too (engine.step_together).
+        self.draft_batched = (
+            BatchedModel(draft_model)
+            if self.batched is not None and draft_model is not None and supports(draft_model)
+            else None
+        )
+        self.max_rows = max_rows
         self.heads = heads or {}
         self.default_drafter: str | None = None  # the recipe "auto" resolved to, if it was
         self.max_active, self.max_queue = max_active, max_queue
         self.on_queue_change = on_queue_change or (lambda waiting, active: None)
+        self.on_batched_pass: Callable[[int], None] = lambda requests: None
         self.controllers: dict[str, AdaptiveK] = {}
         self._pending: collections.deque[Job] = collections.deque()
-        self._active: list[tuple[Job, Iterator[Chunk]]] = []
+        self._active: list[_Active] = []
         self._admitted = 0  # waiting + active, guarded by _wake
         self._wake = threading.Condition()
         self._stopped = False
@@ -105,7 +125,7 @@ class Scheduler:
         """Every admitted job ends: waiting handlers get an error at once, and the worker
         drops them at its next round."""
         with self._wake:
-            jobs = list(self._pending) + [job for job, _ in self._active]
+            jobs = list(self._pending) + [entry.job for entry in self._active]
         for job in jobs:
             job.cancelled.set()
             job.put(ServerStopping("the server is shutting down"))
@@ -131,44 +151,55 @@ class Scheduler:
                 if self._stopped:
                     return
                 while self._pending and len(self._active) < self.max_active:
-                    job = self._pending.popleft()
-                    self._active.append((job, self._start(job)))
+                    self._active.append(_Active(self._pending.popleft()))
                 self.on_queue_change(len(self._pending), len(self._active))
-            for entry in list(self._active):
-                self._advance(*entry)
+            if self.batched is not None:
+                self._step_batched(list(self._active))
+            else:
+                for entry in list(self._active):
+                    self._advance(entry)
 
     def _release(self, job: Job) -> None:
         """Free the job's slot. Called BEFORE its last item is sent, so a client that sends
         its next request as soon as this one ends never finds the slot still taken."""
         with self._wake:
-            self._active = [entry for entry in self._active if entry[0] is not job]
+            self._active = [entry for entry in self._active if entry.job is not job]
             self._admitted -= 1
             self.on_queue_change(len(self._pending), len(self._active))
 
-    def _start(self, job: Job) -> Iterator[Chunk]:
+    def _begin(self, job: Job) -> Run:
         controller = None
         if job.spec.adaptive:  # one controller per drafter recipe: what one request learns helps
             key = f"{job.drafter}/{job.spec.max_k}"
             controller = self.controllers.setdefault(key, AdaptiveK(max_k=job.spec.max_k))
-        target = HFModel(self.target_model, self.tokenizer)
+        target: HFModel | ModelSequence
+        if self.batched is not None:
+            target = self.batched.sequence()
+        else:
+            target = HFModel(self.target_model, self.tokenizer)
         engine = Engine(target, self._drafter(job.drafter, target), controller)
-        return engine.stream(job.prompt_ids, job.params, job.spec)
+        return engine.begin(job.prompt_ids, job.params, job.spec)
 
-    def _drafter(self, recipe: str, target: HFModel) -> Drafter | None:
+    def _drafter(self, recipe: str, target: HFModel | ModelSequence) -> Drafter | None:
         factories: dict[str, Callable[[], Drafter]] = {"lookup": PromptLookupDrafter}
-        if self.draft_model is not None:
+        if (draft_batched := self.draft_batched) is not None:
+            factories["model"] = lambda: ModelDrafter(draft_batched.sequence())
+        elif self.draft_model is not None:
             factories["model"] = lambda: ModelDrafter(HFModel(self.draft_model))
         for kind, heads in self.heads.items():
             factories[kind] = functools.partial(heads.drafter, target)
         return build_drafter(recipe, factories)
 
-    def _advance(self, job: Job, rounds: Iterator[Chunk]) -> None:
+    def _advance(self, entry: _Active) -> None:
         """One round of one job; a job that is over (done, failed or abandoned) leaves."""
+        job = entry.job
         if job.cancelled.is_set():
             self._release(job)
             return
         try:
-            chunk = next(rounds)
+            if entry.rounds is None:
+                entry.rounds = self._begin(job).rounds()
+            chunk = next(entry.rounds)
         except StopIteration:
             self._release(job)
             job.put(END)
@@ -177,9 +208,51 @@ class Scheduler:
             self._release(job)
             job.put(error)
             return
+        self._deliver(job, chunk)
+
+    def _step_batched(self, entries: list[_Active]) -> None:
+        """One round of every active job in one target pass; a job joining now is prefilled
+        first (alone: its prompt is one pass)."""
+        assert self.batched is not None, "only with a batched model"
+        running = []
+        for entry in entries:
+            if entry.job.cancelled.is_set():
+                self._release(entry.job)
+                continue
+            if entry.run is None:
+                try:
+                    entry.run = self._begin(entry.job)
+                    entry.run.start()
+                except Exception as error:
+                    self._release(entry.job)
+                    entry.job.put(error)
+                    continue
+            running.append(entry)
+        if not running:
+            return
+        runs = [entry.run for entry in running if entry.run is not None]
+        results = step_together(runs, self.batched.forward_many, self.max_rows)
+        self.on_batched_pass(len(runs))
+        for entry, result in zip(running, results, strict=True):
+            if isinstance(result, Exception):
+                self._release(entry.job)
+                entry.job.put(result)
+            else:
+                self._deliver(entry.job, result)
+
+    def _deliver(self, job: Job, chunk: Chunk) -> None:
         if chunk.finish_reason is not None:
             self._release(job)
             job.put(chunk)
             job.put(END)
             return
         job.put(chunk)
+
+
+@dataclass
+class _Active:
+    """A job being decoded: its run once started (batched), or its rounds (in turn)."""
+
+    job: Job
+    run: Run | None = None
+    rounds: Iterator[Chunk] | None = None

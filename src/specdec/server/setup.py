@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
+from specdec.config import DEFAULT_MAX_ROWS
 from specdec.server.app import create_app
 from specdec.server.guard import Limits
 from specdec.server.scheduler import Scheduler
@@ -24,8 +25,10 @@ class ServerConfig:
     cache_dir: str | None = None
     drafter: str = "model"
     k: int | str = "auto"
-    max_active: int = 4
+    max_active: int = 8
     max_queue: int = 16
+    max_rows: int = DEFAULT_MAX_ROWS  # rows one batched target pass may score
+    batching: bool = True  # int8: one target pass per step for every active request
     threads: int | None = None  # torch threads (None: torch's default)
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = None
@@ -60,6 +63,8 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
         config.max_active,
         config.max_queue,
         heads=load_trained_heads(target, config.cache_dir, config.target, default_drafter),
+        max_rows=config.max_rows,
+        batching=config.batching,
     )
     scheduler.default_drafter = default_drafter
     return scheduler

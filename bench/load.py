@@ -1,0 +1,239 @@
+"""Continuous batching under load: `specdec serve` on the real default pair, 1 to 16 clients.
+
+python bench/load.py [--concurrency 2,4,8,16] [--workloads code,chat] [--max-tokens 48]
+                     [--modes batched,turns] [--out bench/results/DIR]
+
+Each mode is one `specdec serve --max-active 16` process (int8 pair, the default drafter,
+k auto): `batched` as shipped (one target pass per step for every active request, the draft
+passes batched too), `turns` with --no-batching (requests take turns, one round each: the
+behaviour before continuous batching). After a warm-up request, each workload's prompts are
+sent one at a time (the solo runs: per-request reference text and speed), then, for each
+concurrency N, N streaming clients (the official openai client, greedy) each send one
+prompt (the workload's prompts in turn) at the same moment. Reported per row: aggregate
+tokens/s (completion tokens / wall time of the burst), median per-request tokens/s, time to
+first token p50/p99, and how many outputs equal the same prompt's solo output on that server.
+Loopback only; the machine should be otherwise idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+from pathlib import Path
+
+from openai import OpenAI
+
+from specdec.doctor import cpu_name
+
+PORT = 8791
+MODEL = "qwen2.5-coder-1.5b-instruct"
+MODES = {"batched": [], "turns": ["--no-batching"]}
+
+
+def workload(name: str) -> list[dict]:
+    text = resources.files("specdec.bench").joinpath(f"workloads/{name}.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def wait_ready(deadline_s: float = 900) -> None:
+    deadline = time.time() + deadline_s
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=2)
+            return
+        except Exception:
+            if time.time() > deadline:
+                raise
+            time.sleep(1)
+
+
+def one(client: OpenAI, item: dict, max_tokens: int) -> dict:
+    """One streamed greedy request: its text, completion tokens, seconds, first-token time."""
+    began = time.perf_counter()
+    first = None
+    pieces = []
+    common = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if item["template"] == "chat":
+        stream = client.chat.completions.create(
+            messages=[{"role": "user", "content": item["prompt"]}], **common
+        )
+        texts = (chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    else:
+        stream = client.completions.create(prompt=item["prompt"], **common)
+        texts = (chunk.choices[0].text or "" for chunk in stream if chunk.choices)
+    for text in texts:
+        if text and first is None:
+            first = time.perf_counter() - began
+        pieces.append(text)
+    seconds = time.perf_counter() - began
+    text = "".join(pieces)
+    return {"id": item["id"], "text": text, "seconds": seconds, "ttft": first or seconds}
+
+
+def count_tokens(texts: list[str]) -> list[int]:
+    from transformers import AutoTokenizer
+
+    from specdec.models import cache_root, ensure_converted, lookup
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_converted(lookup(MODEL), cache_root(None)))
+    return [len(tokenizer.encode(text, add_special_tokens=False)) for text in texts]
+
+
+def run_mode(flags: list[str], workloads: list[str], levels: list[int], max_tokens: int) -> dict:
+    log = open(f"/tmp/load-{'-'.join(flags) or 'batched'}.log", "w")  # noqa: SIM115
+    server = subprocess.Popen(
+        ["specdec", "serve", "--port", str(PORT), "--max-active", "16", *flags],
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        wait_ready()
+        client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="unused", timeout=900)
+        one(client, {"id": "warm", "template": "raw", "prompt": "def warm_up():\n"}, 8)
+        results: dict = {}
+        for name in workloads:
+            items = workload(name)
+            solo = {item["id"]: one(client, item, max_tokens) for item in items}
+            rows = {1: [solo[item["id"]] for item in items]}
+            for level in levels:
+                burst = [items[i % len(items)] for i in range(level)]
+                began = time.perf_counter()
+                with ThreadPoolExecutor(level) as pool:
+                    answers = list(pool.map(lambda item: one(client, item, max_tokens), burst))
+                wall = time.perf_counter() - began
+                rows[level] = answers + [{"wall": wall}]
+            results[name] = {"solo": solo, "rows": rows}
+        return results
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def summarize(results: dict, max_tokens: int) -> list[dict]:
+    table = []
+    for mode, by_workload in results.items():
+        for name, result in by_workload.items():
+            solo = result["solo"]
+            for level, answers in result["rows"].items():
+                wall = answers[-1].get("wall")
+                answers = [a for a in answers if "text" in a]
+                tokens = count_tokens([a["text"] for a in answers])
+                if wall is None:  # the solo runs, one after another
+                    wall = sum(a["seconds"] for a in answers)
+                ttfts = sorted(a["ttft"] for a in answers)
+                table.append(
+                    {
+                        "mode": mode,
+                        "workload": name,
+                        "clients": int(level),
+                        "aggregate_tokens_per_second": round(sum(tokens) / wall, 2),
+                        "per_request_tokens_per_second": round(
+                            statistics.median(
+                                t / a["seconds"] for t, a in zip(tokens, answers, strict=True)
+                            ),
+                            2,
+                        ),
+                        "ttft_p50": round(statistics.median(ttfts), 3),
+                        "ttft_p99": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 3),
+                        "identical_to_solo": sum(
+                            a["text"] == solo[a["id"]]["text"] for a in answers
+                        ),
+                        "requests": len(answers),
+                    }
+                )
+    return table
+
+
+def markdown(table: list[dict], command: str) -> str:
+    lines = [
+        f"CPU: {cpu_name()}, {os.cpu_count()} cores; command: {command}",
+        "",
+        "| mode | workload | clients | aggregate tok/s | x one stream | per-request tok/s "
+        "| TTFT p50 s | TTFT p99 s | identical to solo |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in table:
+        base = next(
+            r["aggregate_tokens_per_second"]
+            for r in table
+            if r["mode"] == row["mode"] and r["workload"] == row["workload"] and r["clients"] == 1
+        )
+        lines.append(
+            f"| {row['mode']} | {row['workload']} | {row['clients']} "
+            f"| {row['aggregate_tokens_per_second']} "
+            f"| {row['aggregate_tokens_per_second'] / base:.2f}x "
+            f"| {row['per_request_tokens_per_second']} | {row['ttft_p50']} | {row['ttft_p99']} "
+            f"| {row['identical_to_solo']}/{row['requests']} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(table: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for mode in sorted({r["mode"] for r in table}):
+        for name in sorted({r["workload"] for r in table}):
+            rows = sorted(
+                (r for r in table if r["mode"] == mode and r["workload"] == name),
+                key=lambda r: r["clients"],
+            )
+            axis.plot(
+                [r["clients"] for r in rows],
+                [r["aggregate_tokens_per_second"] for r in rows],
+                marker="o",
+                label=f"{mode}, {name}",
+            )
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("concurrent streaming clients")
+    axis.set_ylabel("aggregate tokens/s")
+    axis.set_title(f"specdec serve, int8 1.5B + 0.5B, {cpu_name()}", fontsize=9)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", default="2,4,8,16")
+    parser.add_argument("--workloads", default="code,chat")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--modes", default="batched,turns")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    levels = [int(n) for n in args.concurrency.split(",")]
+    workloads = args.workloads.split(",")
+    results = {
+        mode: run_mode(MODES[mode], workloads, levels, args.max_tokens)
+        for mode in args.modes.split(",")
+    }
+    table = summarize(results, args.max_tokens)
+    text = markdown(table, "python bench/load.py " + " ".join(sys.argv[1:]))
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.md").write_text(text + "\n")
+        (args.out / "results.json").write_text(
+            json.dumps({"table": table, "raw": results}, indent=1)
+        )
+        plot(table, args.out / "load.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

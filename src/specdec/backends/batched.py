@@ -1,0 +1,231 @@
+"""One loaded int8 model, many token sequences: the new tokens of all of them in one pass.
+
+``BatchedModel`` is the model, loaded once; ``sequence()`` gives a ``Backend`` over one
+growing token sequence with its own KV cache (what a request decodes); ``forward_many``
+scores the new tokens of many sequences in ONE pass of the weights, each row against its own
+sequence's cache, whatever their lengths and block sizes. On a CPU a step reads every weight
+once whatever the rows: the int8 1.5B scores 9 rows for 1.1-1.9x the cost of one.
+
+Exactness: on the batch-invariant int8 runtime (``backends/int8.py``) every row of a pass
+is computed as it would be alone: the linear layers, norms and activation are row-invariant,
+and attention runs one query row at a time over its own sequence's cache. So a sequence
+gets the same logits, bit for bit, in a batch of any company as alone, and as from
+``HFModel`` over the same model (``tests/test_batched.py``). Only the int8 runtime with
+fused Llama-family layers (``backends/int8_fused.py``) is supported; ``supports(model)``
+says whether a model is. If a pass fails, every sequence is cut back to what it held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec.backends.hf import _eos_token_ids
+from specdec.backends.int8 import RowInt8Linear
+from specdec.backends.int8_fused import FusedAttention, FusedMLP
+
+LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
+
+
+def supports(model: Any) -> bool:
+    """Whether ``model`` is a causal LM on the int8 runtime whose every decoder layer is a
+    plain Llama-family layer with fused attention and MLP."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if layers is None or not isinstance(model.get_output_embeddings(), RowInt8Linear):
+        return False
+    if not all(hasattr(decoder, name) for name in ("embed_tokens", "rotary_emb", "norm")):
+        return False
+    return all(
+        set(dict(layer.named_children())) == LAYER_PARTS
+        and isinstance(layer.self_attn, FusedAttention)
+        and isinstance(layer.mlp, FusedMLP)
+        for layer in layers
+    )
+
+
+class LayerCache:
+    """One layer's keys and values of one sequence, grown as transformers' ``DynamicLayer``
+    grows them (a concatenation per pass) so attention reads the same tensors."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None  # [1, kv_heads, positions, head_dim]
+        self.values: torch.Tensor | None = None
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.keys is None or self.values is None:
+            self.keys, self.values = keys.contiguous(), values.contiguous()
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=-2)
+            self.values = torch.cat([self.values, values], dim=-2)
+        return self.keys, self.values
+
+    def crop(self, n: int) -> None:
+        if self.keys is not None and self.values is not None:
+            self.keys, self.values = self.keys[..., :n, :], self.values[..., :n, :]
+
+
+class ModelSequence:
+    """A ``Backend`` over one token sequence of a ``BatchedModel``: its own KV cache (and
+    kept features, for heads); ``forward`` is a pass with this sequence alone."""
+
+    def __init__(self, model: BatchedModel):
+        self.batched = model
+        self.tokenizer = model.tokenizer
+        self.vocab_size, self.eos_token_ids = model.vocab_size, model.eos_token_ids
+        self.max_length = model.max_length
+        self.layers = [LayerCache() for _ in model.layers]
+        self._ids: list[int] = []
+        self._hidden: torch.Tensor | None = None  # [capacity, hidden] once kept
+
+    @property
+    def cached_token_ids(self) -> Sequence[int]:
+        return self._ids
+
+    @property
+    def model(self) -> Any:
+        """The transformers model (shared by every sequence)."""
+        return self.batched.model
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.batched.model.config.hidden_size)
+
+    def keep_hidden_states(self) -> None:
+        """Keep every cached position's final-norm output (see ``HFModel``); the cache
+        restarts empty. Idempotent."""
+        if self._hidden is None:
+            self.truncate(0)
+            self._hidden = torch.empty(0, self.hidden_size)
+
+    def hidden_states(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        if self._hidden is None:
+            raise ValueError("hidden states are not kept: call keep_hidden_states() first")
+        return self._hidden[: len(self._ids)][start:end]
+
+    def forward(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
+        return self.batched.forward_many([(self, list(token_ids), last_only)])[0]
+
+    def truncate(self, n: int) -> None:
+        assert 0 <= n <= len(self._ids), f"cannot keep {n} of {len(self._ids)}"
+        for layer in self.layers:
+            layer.crop(n)
+        del self._ids[n:]
+
+    def _commit(self, token_ids: list[int], features: torch.Tensor) -> None:
+        start, end = len(self._ids), len(self._ids) + len(token_ids)
+        if self._hidden is not None:
+            if self._hidden.shape[0] < end:
+                grown = torch.empty(max(end, 2 * self._hidden.shape[0], 256), features.shape[1])
+                grown[:start] = self._hidden[:start]
+                self._hidden = grown
+            self._hidden[start:end] = features
+        self._ids.extend(token_ids)
+
+
+@dataclass(frozen=True)
+class _Layer:
+    input_norm: nn.Module
+    attention: FusedAttention
+    post_attention_norm: nn.Module
+    mlp: FusedMLP
+
+    @classmethod
+    def of(cls, layer: nn.Module) -> _Layer:
+        attention, mlp = layer.get_submodule("self_attn"), layer.get_submodule("mlp")
+        assert isinstance(attention, FusedAttention) and isinstance(mlp, FusedMLP), "supports()"
+        return cls(
+            layer.get_submodule("input_layernorm"),
+            attention,
+            layer.get_submodule("post_attention_layernorm"),
+            mlp,
+        )
+
+
+Work = tuple[ModelSequence, list[int], bool]  # a sequence, its new tokens, last_only
+
+
+class BatchedModel:
+    """A causal LM on the int8 runtime (``supports``), loaded once, decoding many sequences.
+
+    >>> batched = BatchedModel(model, tokenizer)  # doctest: +SKIP
+    >>> a, b = batched.sequence(), batched.sequence()  # doctest: +SKIP
+    >>> work = [(a, [1, 2, 3], False), (b, [4], True)]  # a sequence, new tokens, last_only
+    >>> logits_a, logits_b = batched.forward_many(work)  # doctest: +SKIP
+    """
+
+    def __init__(self, model: Any, tokenizer: Any | None = None):
+        if not supports(model):
+            raise ValueError(
+                f"{type(model).__name__}: batched decoding needs the int8 runtime and "
+                "Llama-family layers (q/k/v/o attention, gated MLP)"
+            )
+        self.model, self.tokenizer = model.eval(), tokenizer
+        decoder = model.get_decoder()
+        self.embed_tokens = decoder.get_submodule("embed_tokens")
+        self.rotary_emb = decoder.get_submodule("rotary_emb")
+        self.norm = decoder.get_submodule("norm")
+        self.lm_head = model.get_output_embeddings()
+        self.layers = [_Layer.of(layer) for layer in decoder.layers]
+        self.vocab_size = int(model.get_output_embeddings().out_features)
+        self.eos_token_ids = frozenset(_eos_token_ids(model, tokenizer))
+        self.max_length = getattr(model.config, "max_position_embeddings", None)
+
+    def sequence(self) -> ModelSequence:
+        return ModelSequence(self)
+
+    def forward_many(self, work: Sequence[Work]) -> list[torch.Tensor]:
+        """Append each sequence's tokens to its cache; each gets logits  # [len(tokens),
+        vocab_size] float32 ([1, vocab_size] when its last_only). A sequence appears at
+        most once. If the pass fails, every sequence holds what it held before."""
+        assert work and all(tokens for _, tokens, _ in work), "every sequence needs tokens"
+        assert len({id(seq) for seq, _, _ in work}) == len(work), "a sequence appears once"
+        held = [len(seq.cached_token_ids) for seq, _, _ in work]
+        try:
+            return self._forward(work)
+        except BaseException:
+            for (seq, _, _), n in zip(work, held, strict=True):
+                seq.truncate(n)
+            raise
+
+    @torch.inference_mode()
+    def _forward(self, work: Sequence[Work]) -> list[torch.Tensor]:
+        ids = [t for _, tokens, _ in work for t in tokens]
+        positions = [
+            p
+            for seq, tokens, _ in work
+            for p in range(len(seq.cached_token_ids), len(seq.cached_token_ids) + len(tokens))
+        ]
+        starts = [0]
+        for _, tokens, _ in work:
+            starts.append(starts[-1] + len(tokens))
+        hidden = self.embed_tokens(torch.tensor([ids], dtype=torch.long))
+        rotary = self.rotary_emb(hidden, torch.tensor([positions], dtype=torch.long))
+        for index, layer in enumerate(self.layers):
+            segments = [
+                (seq.layers[index], starts[i], starts[i + 1]) for i, (seq, _, _) in enumerate(work)
+            ]
+            # A decoder layer's arithmetic, in transformers' order.
+            residual = hidden
+            hidden = layer.input_norm(hidden)
+            hidden = residual + layer.attention.forward_ragged(hidden, rotary, segments)
+            residual = hidden
+            hidden = residual + layer.mlp(layer.post_attention_norm(hidden))
+        hidden = self.norm(hidden)
+        rows = [
+            row
+            for i, (_, _, last_only) in enumerate(work)
+            for row in ([starts[i + 1] - 1] if last_only else range(starts[i], starts[i + 1]))
+        ]
+        logits = self.lm_head(hidden[:, rows])[0, :, : self.vocab_size].float()
+        out, at = [], 0
+        for i, (seq, tokens, last_only) in enumerate(work):
+            count = 1 if last_only else len(tokens)
+            out.append(logits[at : at + count])
+            at += count
+            seq._commit(tokens, hidden[0, starts[i] : starts[i + 1]].float())
+        return out

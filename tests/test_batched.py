@@ -1,0 +1,215 @@
+"""One int8 model, many sequences: a ragged pass gives each its logits alone, bit for bit."""
+
+import pytest
+import torch
+
+from helpers import backend, perturbed_copy, tiny_llama
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends.batched import BatchedModel, supports
+from specdec.backends.int8 import make_int8_batch_invariant
+from specdec.doctor import real_size_int8_model
+from specdec.drafters import ModelDrafter, PromptLookupDrafter
+from specdec.drafters.base import Proposal
+from specdec.engine import step_together
+
+
+@pytest.fixture(scope="module")
+def int8_model():
+    return make_int8_batch_invariant(tiny_llama(seed=0))
+
+
+def ids(seed: int, count: int, vocab: int = 20) -> list[int]:
+    return torch.randint(1, vocab, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_only_the_fused_int8_runtime_is_supported(int8_model):
+    assert supports(int8_model)
+    assert not supports(tiny_llama(seed=0))
+    with pytest.raises(ValueError, match="int8 runtime"):
+        BatchedModel(tiny_llama(seed=0))
+
+
+def test_each_sequence_gets_its_logits_and_features_alone_bit_for_bit(int8_model):
+    """Three sequences of different lengths, blocks of different sizes, last_only mixed,
+    a rollback in between: every row equals HFModel's over the same model."""
+    batched = BatchedModel(int8_model)
+    sequences = [batched.sequence() for _ in range(3)]
+    alone = [backend(int8_model) for _ in range(3)]
+    for model in [*sequences, *alone]:
+        model.keep_hidden_states()
+    prompts = [ids(1, 9), ids(2, 3), ids(3, 17)]
+    passes = [
+        [(0, prompts[0], False), (1, prompts[1], True), (2, prompts[2], False)],
+        [(2, ids(4, 5), False), (0, ids(5, 1), False)],
+        [(1, ids(6, 4), False), (2, ids(7, 2), True), (0, ids(8, 6), False)],
+    ]
+    for step, work in enumerate(passes):
+        got = batched.forward_many([(sequences[i], tokens, last) for i, tokens, last in work])
+        for (i, tokens, last), logits in zip(work, got, strict=True):
+            assert torch.equal(logits, alone[i].forward(tokens, last_only=last)), (step, i)
+        if step == 1:
+            for model in (sequences[2], alone[2]):
+                model.truncate(10)  # a rejected block rolled back
+    for sequence, model in zip(sequences, alone, strict=True):
+        assert list(sequence.cached_token_ids) == list(model.cached_token_ids)
+        assert torch.equal(sequence.hidden_states(), model.hidden_states())
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4, 8])
+def test_a_batch_equals_each_sequence_alone_at_real_layer_sizes(threads):
+    """Hidden 1536, intermediate 8960; 4 sequences, blocks of 1, 3, 5 and 9 tokens."""
+    model = real_size_int8_model()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        batched = BatchedModel(model)
+        sequences = [batched.sequence() for _ in range(4)]
+        alone = [backend(model) for _ in range(4)]
+        for i, (sequence, single) in enumerate(zip(sequences, alone, strict=True)):
+            prompt = ids(10 + i, 12 + 7 * i, vocab=2048)
+            sequence.forward(prompt, last_only=True)
+            single.forward(prompt, last_only=True)
+        blocks = [ids(20 + i, size, vocab=2048) for i, size in enumerate((1, 3, 5, 9))]
+        got = batched.forward_many(
+            [(sequence, block, False) for sequence, block in zip(sequences, blocks, strict=True)]
+        )
+        for i, block in enumerate(blocks):
+            assert torch.equal(got[i], alone[i].forward(block)), i
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_failed_pass_leaves_every_sequence_as_it_was(int8_model, monkeypatch):
+    batched = BatchedModel(int8_model)
+    first, second = batched.sequence(), batched.sequence()
+    reference = backend(int8_model)
+    first.forward(ids(1, 6))
+    second.forward(ids(2, 4))
+    reference.forward(ids(1, 6))
+    mlp = batched.layers[-1].mlp
+
+    def broken(x):
+        raise RuntimeError("out of memory, say")
+
+    monkeypatch.setattr(mlp, "forward", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        batched.forward_many([(first, ids(3, 3), False), (second, ids(4, 2), False)])
+    monkeypatch.undo()
+    assert len(first.cached_token_ids) == 6 and len(second.cached_token_ids) == 4
+    assert all(layer.keys.shape[-2] == 6 for layer in first.layers)
+    assert torch.equal(first.forward(ids(3, 3)), reference.forward(ids(3, 3)))
+
+
+# ---- the engine over a batch ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def int8_draft():
+    return make_int8_batch_invariant(perturbed_copy(tiny_llama(seed=0), noise=0.03, seed=1))
+
+
+class CountingBatchedModel(BatchedModel):
+    def __init__(self, model):
+        super().__init__(model)
+        self.sizes: list[int] = []
+
+    def forward_many(self, work):
+        self.sizes.append(len(work))
+        return super().forward_many(work)
+
+
+def run_together(int8_model, draft, requests, max_rows=None):
+    """Decode ``requests`` [(prompt, params, spec)] in batched steps; their outputs.
+    ``draft``: a BatchedModel (drafts of all requests in one pass per step) or a model."""
+    batched = BatchedModel(int8_model)
+    runs = []
+    for prompt, params, spec in requests:
+        sequence = draft.sequence() if isinstance(draft, BatchedModel) else backend(draft)
+        engine = Engine(batched.sequence(), ModelDrafter(sequence))
+        run = engine.begin(prompt, params, spec)
+        run.start()
+        runs.append(run)
+    chunks: list[list] = [[] for _ in runs]
+    active = list(range(len(runs)))
+    while active:
+        results = step_together([runs[i] for i in active], batched.forward_many, max_rows)
+        for i, chunk in zip(list(active), results, strict=True):
+            assert not isinstance(chunk, Exception), chunk
+            chunks[i].append(chunk)
+            if chunk.finish_reason is not None:
+                active.remove(i)
+    return [[t for chunk in run_chunks for t in chunk.token_ids] for run_chunks in chunks]
+
+
+@pytest.mark.parametrize("max_rows", [None, 6, 2])
+@pytest.mark.parametrize("draft_batched", [False, True], ids=["drafts alone", "drafts batched"])
+def test_batched_requests_decode_what_each_decodes_alone(
+    int8_model, int8_draft, max_rows, draft_batched
+):
+    """Greedy with k 1, 4, auto and a seeded sampled request: each request's tokens are
+    those of the same request on its own engine, whatever the batch and its row budget,
+    with the drafts of all requests run one by one or as one pass per draft step."""
+    requests = [
+        (
+            ids(1, 5),
+            SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True),
+            SpecConfig(k=1),
+        ),
+        (
+            ids(2, 9),
+            SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+            SpecConfig(k=4),
+        ),
+        (
+            ids(3, 2),
+            SamplingParams(max_tokens=25, temperature=0.0, ignore_eos=True),
+            SpecConfig(k="auto"),
+        ),
+        (
+            ids(4, 7),
+            SamplingParams(max_tokens=20, temperature=0.9, seed=5, ignore_eos=True),
+            SpecConfig(k=3),
+        ),
+    ]
+    draft = CountingBatchedModel(int8_draft) if draft_batched else int8_draft
+    together = run_together(int8_model, draft, requests, max_rows)
+    if draft_batched and (max_rows is None or max_rows // len(requests) > 1):  # any drafts
+        assert max(draft.sizes) > 1  # some draft passes served several requests
+    for (prompt, params, spec), tokens in zip(requests, together, strict=True):
+        engine = Engine(backend(int8_model), ModelDrafter(backend(int8_draft)))
+        assert tokens == engine.generate(prompt, params, spec).token_ids
+
+
+def test_the_row_budget_caps_each_requests_drafts(int8_model):
+    batched = BatchedModel(int8_model)
+    runs = []
+    for _ in range(3):
+        engine = Engine(batched.sequence(), PromptLookupDrafter())
+        run = engine.begin([5, 6, 7, 5, 6, 7, 5, 6], SamplingParams(max_tokens=40), SpecConfig(k=8))
+        run.start()
+        runs.append(run)
+    seen = []
+
+    def forward_many(work):
+        seen.append([len(tokens) for _, tokens, _ in work])
+        return batched.forward_many(work)
+
+    step_together(runs, forward_many, max_rows=9)
+    assert seen and all(rows <= 3 for rows in seen[0])  # 9 rows / 3 requests: 2 drafts each
+
+
+def test_a_failing_drafter_fails_its_own_request_only(int8_model):
+    class Broken(PromptLookupDrafter):
+        def propose(self, context, k, sampler=None, keep_going=None) -> Proposal:
+            raise RuntimeError("drafter broke")
+
+    batched = BatchedModel(int8_model)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    runs = []
+    for drafter in (Broken(), PromptLookupDrafter()):
+        run = Engine(batched.sequence(), drafter).begin(ids(1, 6), params, SpecConfig(k=2))
+        run.start()
+        runs.append(run)
+    broken, fine = step_together(runs, batched.forward_many)
+    assert isinstance(broken, RuntimeError) and not isinstance(fine, Exception)
+    assert fine.token_ids
