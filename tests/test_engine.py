@@ -240,3 +240,26 @@ def test_no_draft_prefill_when_the_controller_will_not_draft(target_model, draft
     engine.controller = None  # a fresh adaptive controller drafts at first: it prepares
     assert engine.generate(prompt, params, SpecConfig(k="auto")).token_ids == expected
     assert CountingDrafter.prepared == 1
+
+
+def test_a_forward_that_fails_midway_leaves_the_engine_usable(target_model, monkeypatch):
+    """An error inside the target's pass (after some layers grew their cache) reaches the
+    caller; the cache is cut back, so the next request on the same engine is right."""
+    engine = Engine(backend(target_model))
+    expected = Engine(backend(target_model)).generate([1, 2, 3], GREEDY).token_ids
+    engine.generate([1, 2, 3, 4], replace(GREEDY, max_tokens=5))
+    last_mlp = target_model.model.layers[-1].mlp
+    calls = {"n": 0}
+    original = last_mlp.forward
+
+    def fails_once(x):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("out of memory, say")
+        return original(x)
+
+    monkeypatch.setattr(last_mlp, "forward", fails_once)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        engine.generate([1, 2, 3, 4, 5], GREEDY)
+    monkeypatch.undo()
+    assert engine.generate([1, 2, 3], GREEDY).token_ids == expected

@@ -226,3 +226,52 @@ def test_the_engine_check_catches_a_wrong_distribution(pair, prompt, make_drafte
     unrelated = marginals(tiny_llama(seed=99, init=0.3), prompt, params)
     with pytest.raises(AssertionError):
         assert_same_distribution(counts[1], unrelated[1])
+
+
+# ---- continuous batching -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def int8_pair(pair):
+    import copy
+
+    from specdec.backends.int8 import make_int8_batch_invariant
+
+    return tuple(make_int8_batch_invariant(copy.deepcopy(model)) for model in pair)
+
+
+@pytest.mark.parametrize("max_rows", [None, 16], ids=["k 2", "row budget: k 1 in a batch of 8"])
+def test_batched_requests_follow_the_target(int8_pair, prompt, max_rows):
+    """DRAWS seeded requests decoded 8 at a time by ``step_together`` on the int8 runtime
+    (their target and draft passes batched), rejection sampling: every generated position
+    follows the int8 target's exact marginals, with or without a row budget that cuts k."""
+    from specdec.backends.batched import BatchedModel
+    from specdec.engine import step_together
+
+    target, draft = (BatchedModel(model) for model in int8_pair)
+    params = SETTINGS["temperature 0.7, top-k 8, top-p 0.9"]
+    counts = np.zeros((POSITIONS, VOCAB))
+    accepted = drafted = 0
+    for first in range(0, DRAWS, 8):
+        runs = []
+        for seed in range(first, first + 8):
+            engine = Engine(target.sequence(), ModelDrafter(draft.sequence()))
+            spec = SpecConfig(k=2, verification="rejection")
+            runs.append(engine.begin(prompt, replace(params, seed=seed), spec))
+            runs[-1].start()
+        tokens: list[list[int]] = [[] for _ in runs]
+        active = list(range(len(runs)))
+        while active:
+            chunks = step_together([runs[i] for i in active], target.forward_many, max_rows)
+            for i, chunk in zip(list(active), chunks, strict=True):
+                tokens[i] += chunk.token_ids
+                if chunk.finish_reason is not None:
+                    accepted += chunk.stats.accepted_tokens
+                    drafted += chunk.stats.drafted_tokens
+                    active.remove(i)
+        for run_tokens in tokens:
+            for position, token_id in enumerate(run_tokens):
+                counts[position, token_id] += 1
+    assert 0.05 < accepted / drafted < 0.98, "both acceptance and rejection must be exercised"
+    for position, expected in enumerate(marginals(int8_pair[0], prompt, params)):
+        assert_same_distribution(counts[position], expected)

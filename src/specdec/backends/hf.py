@@ -65,12 +65,26 @@ class HFModel:
             self._cache = DynamicCache(config=self.model.config)
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         keep = {"logits_to_keep": 1} if last_only and self._can_keep_last else {}
-        out = self.model(input_ids=input_ids, cache=self._cache, use_cache=True, **keep)
+        try:
+            out = self.model(input_ids=input_ids, cache=self._cache, use_cache=True, **keep)
+        except BaseException:
+            self._restore(len(self._cached_ids))  # layers run before the failure grew
+            raise
         if self._hidden is not None:
             self._hidden.commit(len(self._cached_ids))
         self._cached_ids.extend(int(t) for t in token_ids)
         logits = out.logits[0, :, : self.vocab_size]
         return (logits[-1:] if last_only else logits).float()
+
+    def _restore(self, n: int) -> None:
+        """Cut every cache layer longer than ``n`` positions back to ``n``."""
+        assert self._cache is not None, "a forward made the cache"
+        for layer in self._cache.layers:
+            extra = layer.get_seq_length() - n
+            if extra > 0:
+                layer.crop(-extra)
+        if self._hidden is not None:
+            _OUTPUTS.pop(self._hidden._norm, None)  # a failed pass's features are not kept
 
     def truncate(self, n: int) -> None:
         assert 0 <= n <= len(self._cached_ids), f"cannot keep {n} of {len(self._cached_ids)}"
