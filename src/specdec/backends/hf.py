@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 class HFModel:
@@ -80,9 +81,8 @@ class HFModel:
         """Cut every cache layer longer than ``n`` positions back to ``n``."""
         assert self._cache is not None, "a forward made the cache"
         for layer in self._cache.layers:
-            extra = layer.get_seq_length() - n
-            if extra > 0:
-                layer.crop(-extra)
+            if isinstance(layer, DynamicLayer) and layer.get_seq_length() > n:
+                layer.crop(n - layer.get_seq_length())
         if self._hidden is not None:
             _OUTPUTS.pop(self._hidden._norm, None)  # a failed pass's features are not kept
 
