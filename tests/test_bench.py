@@ -195,3 +195,42 @@ def test_sampled_runs_with_a_seed_are_judged_by_text_for_specdec_systems(tmp_pat
     speculative = [row for row in rows if row["system"] != "plain"]
     assert speculative and all(row["identical"] == 1.0 for row in speculative)
     assert any(row["acceptance_rate"] for row in speculative)
+
+
+def test_rejection_sampled_runs_are_tested_against_the_target_distribution(tmp_path):
+    """--verification rejection: no text identity; every generated position of each specdec
+    system is tested against the target's conditional distribution (PIT + KS)."""
+    out = tmp_path / "rejection"
+    args = ["bench", "--quick", "--systems", "plain,model-k3", "--repeats", "3"]
+    args += ["--temperature", "1.0", "--verification", "rejection"]
+    assert main([*args, "--out", str(out)]) == 0
+    report = json.loads((out / "results.json").read_text())
+    assert all(row["identical"] is None for row in report["summary"])
+    tests = report["distribution"]
+    assert set(tests) == {"plain", "model-k3"}
+    for test in tests.values():
+        assert test["positions"] >= 200 and test["p_value"] > 1e-4
+    assert "Sampled tokens against the target" in (out / "results.md").read_text()
+    model = [r for r in report["summary"] if r["system"] == "model-k3"]
+    assert all(0.05 < r["acceptance_rate"] < 0.99 for r in model)
+
+
+def test_the_distribution_test_rejects_tokens_from_another_distribution():
+    """The check has teeth: 2,000 draws from a distribution too sharp (logits x 1.3, total
+    variation ~0.1 from the claimed one) or with 20% of each token's mass moved to its
+    neighbour id are flagged; draws from the claimed one are not."""
+    import torch
+
+    from specdec.bench.distribution import ks_uniform, pit_values
+
+    generator = torch.Generator().manual_seed(0)
+    claimed = torch.softmax(torch.randn(2000, 32, generator=generator), dim=-1)
+    sharp = torch.softmax(torch.log(claimed) * 1.3, dim=-1)
+    moved = 0.8 * claimed + 0.2 * torch.roll(claimed, 1, dims=-1)
+
+    def drawn(probs):
+        return torch.multinomial(probs, 1, generator=generator)[:, 0].tolist()
+
+    assert ks_uniform(pit_values(claimed, drawn(claimed), generator)).p_value > 1e-3
+    assert ks_uniform(pit_values(claimed, drawn(sharp), generator)).p_value < 1e-3
+    assert ks_uniform(pit_values(claimed, drawn(moved), generator)).p_value < 1e-3

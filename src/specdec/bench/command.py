@@ -18,7 +18,14 @@ from specdec.bench.harness import (
     summarize,
 )
 from specdec.bench.report import write_reports
-from specdec.bench.systems import DEFAULT_SYSTEMS, ModelPool, describe, make_system, reference_of
+from specdec.bench.systems import (
+    DEFAULT_SYSTEMS,
+    ModelPool,
+    SpecdecSystem,
+    describe,
+    make_system,
+    reference_of,
+)
 from specdec.config import SamplingParams
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -80,7 +87,20 @@ def add_parser(commands) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per generation (default: 64)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved passes (default: 3)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); e.g. 0.7")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="sampling seed of the first run; each (prompt, pass) adds its index (default: 0)",
+    )
+    p.add_argument(
+        "--verification",
+        choices=["auto", "rejection", "coupled"],
+        default="auto",
+        help="how specdec verifies sampled drafts (auto: coupled, since bench runs are seeded; "
+        "coupled runs must give plain's text). Sampled runs of specdec on the default runtime "
+        "are also tested position by position against the target's distribution",
+    )
     p.add_argument("--out", help="report folder (default: bench/results/DATE)")
     p.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
 
@@ -102,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         names.insert(0, "plain")  # every ratio is against it
     checker = ModelPool(None, lambda role, runtime, progress: None)  # names checked before loading
     for name in names:
-        make_system(name, checker, ngram, args.dtype)
+        make_system(name, checker, ngram, args.dtype, args.verification)
     per_workload = 2 if args.quick else args.prompts_per_workload
     max_tokens = 12 if args.quick else args.max_tokens
     if args.workload_file:
@@ -111,7 +131,9 @@ def run(args: argparse.Namespace) -> int:
         items = load_workloads([w.strip() for w in args.workloads.split(",")], per_workload)
     params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
     pool, target_label = _pool(args)
-    systems = {name: make_system(name, pool, ngram, args.dtype) for name in names}
+    systems = {
+        name: make_system(name, pool, ngram, args.dtype, args.verification) for name in names
+    }
     with progress_bar() as progress:
         pool.progress = progress
         pool.load(set().union(*(system.needs for system in systems.values())))
@@ -133,8 +155,12 @@ def run(args: argparse.Namespace) -> int:
             args.repeats,
             progress=step,
             references=references,
+            sampled_identity=args.verification != "rejection",
         )
     rows = summarize(runs)
+    distribution = {}
+    if not params.greedy:
+        distribution = _distribution_tests(systems, runs, pool, items, params, args.dtype)
     date = datetime.datetime.now().strftime("%Y-%m-%d")
     out_dir = Path(args.out or f"bench/results/{date}")
     meta = {
@@ -148,10 +174,25 @@ def run(args: argparse.Namespace) -> int:
         "temperature": args.temperature,
         "prompts": len(items),
     }
-    paths = write_reports(out_dir, meta, rows, runs_to_json(runs), descriptions)
+    paths = write_reports(out_dir, meta, rows, runs_to_json(runs), descriptions, distribution)
     sys.stdout.write(paths["markdown"].read_text())
     sys.stderr.write(f"reports: {', '.join(str(p) for p in paths.values())}\n")
     return 0
+
+
+def _distribution_tests(systems, runs, pool, items, params, dtype: str) -> dict:
+    """Sampled runs of specdec on the default target runtime, position by position against
+    that target (``bench/distribution.py``); other runtimes and peers round differently."""
+    from specdec.bench.distribution import check_runs
+    from specdec.bench.harness import encode_items
+
+    prompts = encode_items(pool.tokenizer, items)
+    backend = pool.backend("target", dtype)
+    return {
+        name: check_runs(backend, prompts, [r for r in runs if r.system == name], params)
+        for name, system in systems.items()
+        if isinstance(system, SpecdecSystem) and system.runtime.target == dtype
+    }
 
 
 def _have_llamacpp() -> bool:

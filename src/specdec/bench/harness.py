@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 
 from specdec.bench.systems import RunOutput
@@ -98,27 +98,30 @@ def run_benchmark(
     baseline: str = "plain",
     progress: Callable[[str], None] = lambda label: None,
     references: dict[str, str] | None = None,
+    sampled_identity: bool = True,
 ) -> list[Run]:
     """All runs; ``systems`` maps a name to an object with ``run(prompt_ids, params)``.
     ``references`` names, per system, the run its tokens are compared with (default: the
-    baseline)."""
+    baseline). Sampled with a seed, every (prompt, pass) gets its own seed, ``params.seed``
+    plus its index, the same for every system: runs are independent draws, and systems
+    stay comparable run by run. ``sampled_identity``: whether seeded specdec runs must give
+    the same text (coupled verification), else only greedy runs are compared by text."""
     assert baseline in systems, "the baseline system must be part of the run"
     references = {name: (references or {}).get(name, baseline) for name in systems}
-    chat_ok = bool(getattr(tokenizer, "chat_template", None))  # tiny test tokenizers have none
-    encoded = {
-        item.id: encode_prompt(tokenizer, item.prompt, item.template if chat_ok else "raw")
-        for item in items
-    }
+    encoded = encode_items(tokenizer, items)
     _warm_up(systems, encoded[items[0].id], params)
     names = list(systems)
     runs: list[Run] = []
     for repeat in range(repeats):
         order = names[repeat % len(names) :] + names[: repeat % len(names)]
-        for item in items:
+        for index, item in enumerate(items):
+            seeded = params
+            if params.seed is not None:
+                seeded = replace(params, seed=params.seed + repeat * len(items) + index)
             outputs: dict[str, RunOutput] = {}
             for name in order:
                 progress(f"pass {repeat + 1}/{repeats} {item.id} {name}")
-                outputs[name] = systems[name].run(encoded[item.id], params)
+                outputs[name] = systems[name].run(encoded[item.id], seeded)
             for name in names:
                 out, reference = outputs[name], references[name]
                 runs.append(
@@ -132,7 +135,7 @@ def run_benchmark(
                         out.seconds,
                         len(out.token_ids) / out.seconds if out.seconds else 0.0,
                         (out.token_ids == outputs[reference].token_ids)
-                        if _comparable(out, outputs[reference], params)
+                        if _comparable(out, outputs[reference], params, sampled_identity)
                         else None,
                         reference,
                         out.stats,
@@ -142,13 +145,26 @@ def run_benchmark(
     return runs
 
 
-def _comparable(out: RunOutput, reference: RunOutput, params: SamplingParams) -> bool:
+def encode_items(tokenizer, items: list[PromptItem]) -> dict[str, list[int]]:
+    """Each prompt's token ids, by prompt id (chat prompts through the chat template)."""
+    chat_ok = bool(getattr(tokenizer, "chat_template", None))  # tiny test tokenizers have none
+    return {
+        item.id: encode_prompt(tokenizer, item.prompt, item.template if chat_ok else "raw")
+        for item in items
+    }
+
+
+def _comparable(
+    out: RunOutput, reference: RunOutput, params: SamplingParams, sampled_identity: bool
+) -> bool:
     """Whether two outputs must be the same text: greedy decoding, or two specdec runs
-    sampled with a seed (coupled verification: the text is plain decoding's by design). A
-    peer's sampler draws differently; there only the distribution is the target's."""
+    sampled with a seed and coupled verification (the text is plain decoding's by design).
+    A peer's sampler draws differently, and so does rejection sampling: there only the
+    distribution is the target's (``bench/distribution.py``)."""
     if params.greedy:
         return True
-    return params.seed is not None and out.stats is not None and reference.stats is not None
+    both_specdec = out.stats is not None and reference.stats is not None
+    return sampled_identity and params.seed is not None and both_specdec
 
 
 def _warm_up(systems: dict, prompt_ids: list[int], params: SamplingParams) -> None:

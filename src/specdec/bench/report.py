@@ -39,8 +39,10 @@ def markdown_table(rows: list[dict], descriptions: dict[str, str]) -> str:
         "(`plain@RUNTIME`) when the run has one, else as `plain`; runtimes round differently. "
         "A peer's own speculation (`llamacpp-lookup`, `openvino-lookup`) is judged against "
         "that peer's own plain run (`llamacpp`, `openvino`) when the run has it. Sampled with a "
-        "seed, specdec systems verify with coupled randomness, so their text must equal "
-        "specdec plain's; peers sampled are not compared by text (n/a)."
+        "seed, specdec systems verify with coupled randomness (unless `--verification "
+        "rejection`), so their text must equal specdec plain's; peers and rejection-sampled "
+        "runs are not compared by text (n/a): their tokens are tested against the target's "
+        "distribution below."
     )
     lines.append("")
     lines += [f"- `{name}`: {text}" for name, text in descriptions.items()]
@@ -148,8 +150,20 @@ def plot_theory(points: list[dict], path: Path) -> None:
 
 
 def write_reports(
-    out_dir: Path, meta: dict, rows: list[dict], runs: list[dict], descriptions: dict[str, str]
+    out_dir: Path,
+    meta: dict,
+    rows: list[dict],
+    runs: list[dict],
+    descriptions: dict[str, str],
+    distribution: dict | None = None,
 ) -> dict[str, Path]:
+    """``distribution``: per system, its sampled tokens' test against the target
+    (``bench/distribution.py``), for sampled runs."""
+    from dataclasses import asdict
+
+    from specdec.bench.distribution import markdown as distribution_markdown
+
+    distribution = distribution or {}
     out_dir.mkdir(parents=True, exist_ok=True)
     points = theory_points(runs)
     paths = {
@@ -158,11 +172,18 @@ def write_reports(
         "speedup_plot": out_dir / "speedup.png",
         "theory_plot": out_dir / "theory.png",
     }
+    tests = {name: asdict(test) for name, test in distribution.items()}
     paths["json"].write_text(
-        json.dumps({"meta": meta, "summary": rows, "theory": points, "runs": runs}, indent=1)
+        json.dumps(
+            {"meta": meta, "summary": rows, "theory": points, "distribution": tests, "runs": runs},
+            indent=1,
+        )
     )
     header = f"# specdec bench, {meta['date']}\n\n{meta['machine']}\n\n`{meta['command']}`\n\n"
-    paths["markdown"].write_text(header + markdown_table(rows, descriptions))
+    text = header + markdown_table(rows, descriptions)
+    if distribution:
+        text += distribution_markdown(distribution)
+    paths["markdown"].write_text(text)
     plot_speedups(rows, paths["speedup_plot"])
     plot_theory(points, paths["theory_plot"])
     return paths

@@ -156,9 +156,10 @@ class SpecdecSystem:
         runtime: Runtime,
         make_drafter: Callable[[Backend], Drafter | None],
         k: int | str,
+        verification: str = "auto",
     ):
         self.name, self.pool, self.runtime, self.make_drafter = name, pool, runtime, make_drafter
-        self.spec = SpecConfig(k=k)
+        self.spec = SpecConfig(k=k, verification=verification)
         self.controller: AdaptiveK | None = None
 
     @property
@@ -360,9 +361,16 @@ def describe(name: str, default_runtime: str = "int8") -> str:
     )
 
 
-def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "int8"):
+def make_system(
+    name: str,
+    pool: ModelPool,
+    ngram=None,
+    default_runtime: str = "int8",
+    verification: str = "auto",
+):
     """``plain``, ``llamacpp``, a transformers peer, or ``DRAFTER-kN`` / ``DRAFTER-auto`` for
-    a drafter of DRAFTER_NAMES; each optionally ``@RUNTIME``."""
+    a drafter of DRAFTER_NAMES; each optionally ``@RUNTIME``. ``verification``: how specdec
+    systems verify sampled drafts (``SpecConfig.verification``)."""
     base, runtime = split_name(name, default_runtime)
     if base == "plain":
         return SpecdecSystem(name, pool, runtime, lambda target: None, 0)
@@ -402,7 +410,7 @@ def make_system(name: str, pool: ModelPool, ngram=None, default_runtime: str = "
         }
         return build_drafter(drafter, made)
 
-    return SpecdecSystem(name, pool, runtime, make_drafter, k)
+    return SpecdecSystem(name, pool, runtime, make_drafter, k, verification)
 
 
 def reference_of(name: str, names: list[str], default_runtime: str) -> str:
