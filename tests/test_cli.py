@@ -146,6 +146,8 @@ def test_show_drafts_colours(model_dirs, capsys):
         (["--top-k", "-1"], "top_k"),
         (["--drafter", "magic"], "use none or"),
         (["--drafter", "ngram"], "--ngram-model"),
+        (["--target-runtime", "llamacpp:q9"], "unknown runtime"),
+        (["--draft-runtime", "fp16"], "unknown runtime"),
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(model_dirs, args, message, capsys):
@@ -320,6 +322,10 @@ def test_tune_command_prints_table_and_saves_plot(model_dirs, tmp_path, capsys):
                 "--draft",
                 str(draft),
                 "--dtype",
+                "bfloat16",
+                "--target-runtime",  # the runtime values override --dtype
+                "float32",
+                "--draft-runtime",
                 "float32",
                 "--prompts",
                 str(prompts),
@@ -378,3 +384,19 @@ def test_a_seeded_sampled_run_reproduces_and_compares_identical(model_dirs, caps
     assert runs[0]["compare"]["identical"] is True
     assert main([*args, "--verification", "rejection"]) == 0
     assert json.loads(capsys.readouterr().out)["compare"]["identical"] is None
+
+
+def test_one_runtime_value_or_the_older_spelling_give_the_same_run(model_dirs, capsys):
+    """--target-runtime float32 --draft-runtime float32 is --dtype float32; cost and tune
+    take the same values."""
+    target, draft = model_dirs
+    common = ["generate", "hello", "--target", str(target), "--draft", str(draft), "-k", "2"]
+    common += ["--max-tokens", "12", "--json"]
+    assert main([*common, "--dtype", "float32"]) == 0
+    older = json.loads(capsys.readouterr().out)
+    runtimes = ["--target-runtime", "float32", "--draft-runtime", "float32", "--dtype", "int8"]
+    assert main([*common, *runtimes]) == 0
+    newer = json.loads(capsys.readouterr().out)
+    assert newer["token_ids"] == older["token_ids"]
+    assert main(["cost", "--model", str(target), "--runtime", "float32", "--max-n", "2"]) == 0
+    assert "on float32" in capsys.readouterr().out

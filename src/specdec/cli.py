@@ -11,6 +11,8 @@ from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
 from specdec.heads import command as heads_command
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES, ModelError
 from specdec.prompting import encode_prompt
+from specdec.runtime import HELP as RUNTIME_HELP
+from specdec.runtime import parse_runtime, runtime_value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="int8",
         help="runtime of both models (default: int8)",
     )
+    for role in ("target", "draft"):
+        tune.add_argument(
+            f"--{role}-runtime",
+            type=runtime_value,
+            metavar="RUNTIME",
+            help=f"runtime of the {role}: {RUNTIME_HELP} (default: --dtype)",
+        )
     tune.add_argument("--max-k", type=int, default=10, help="largest k to measure (default: 10)")
     tune.add_argument("--max-tokens", type=int, default=48, help="tokens per prompt (default: 48)")
     tune.add_argument(
@@ -100,7 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TARGET,
         help=f"catalog name, directory or .gguf (default: {DEFAULT_TARGET})",
     )
-    cost.add_argument("--runtime", choices=["transformers", "llamacpp"], default="transformers")
+    cost.add_argument(
+        "--runtime",
+        type=runtime_value,
+        default="transformers",
+        metavar="RUNTIME",
+        help=f"{RUNTIME_HELP}; transformers means --dtype, llamacpp --gguf-type (default: --dtype)",
+    )
     cost.add_argument(
         "--gguf-type",
         choices=list(GGUF_TYPES),
@@ -336,20 +351,22 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--target-runtime",
-        choices=["transformers", "llamacpp"],
+        type=runtime_value,
         default="transformers",
-        help="runtime of the target: transformers (with --dtype) or llamacpp (the GGUF "
-        "as is; needs the llamacpp extra). Default: transformers",
+        metavar="RUNTIME",
+        help=f"runtime of the target: {RUNTIME_HELP}. Also accepted: transformers (the "
+        "--dtype precision) and llamacpp (the --gguf-type, default q4_k_m). Default: --dtype",
     )
     p.add_argument(
         "--draft-runtime",
-        choices=["auto", "transformers", "llamacpp"],
+        type=runtime_value,
         default="auto",
-        help="runtime of the draft model; a pair may mix runtimes when their "
-        "vocabularies agree (checked at load). auto (default): llamacpp when "
-        "llama-cpp-python is installed and the draft is a catalog model (its Q4_0 "
-        "0.5B steps in ~29 ms here, against ~80 ms in int8), else transformers. "
-        "The output is the target's either way",
+        metavar="RUNTIME",
+        help="runtime of the draft model, the same values, or auto (default): llama.cpp "
+        "Q4_0 when llama-cpp-python is installed, passes its self-test and the draft is a "
+        "catalog model (its 0.5B steps in ~29 ms here, against ~80 ms in int8), else "
+        "--dtype. A pair may mix runtimes when their vocabularies agree (checked at load); "
+        "the output is the target's either way",
     )
     p.add_argument(
         "--gguf-type",
@@ -653,17 +670,10 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
     from specdec.drafters.recipe import build_drafter
     from specdec.engine import Engine
     from specdec.heads.load import load_drafter
-    from specdec.loading import load_backend
 
     with progress_bar() as progress:
-        target = load_backend(
-            args.target,
-            args.dtype,
-            args.cache_dir,
-            progress,
-            args.target_runtime,
-            args.gguf_type or "q4_k_m",
-        )
+        target_runtime = parse_runtime(args.target_runtime, args.dtype, args.gguf_type or "q4_k_m")
+        target = target_runtime.load(args.target, args.cache_dir, progress)
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
         if kinds == ["auto"]:
@@ -676,17 +686,14 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
             kinds = parse_recipe(recipe)
 
         def model_drafter() -> ModelDrafter:
-            draft = load_backend(
-                args.draft,
-                args.dtype,
-                args.cache_dir,
-                progress,
-                # A trimmed vocabulary is a transformers feature: auto picks transformers then.
+            # A trimmed vocabulary is a transformers feature: auto picks transformers then.
+            choice = (
                 "transformers"
                 if args.draft_vocab and args.draft_runtime == "auto"
-                else draft_runtime(args.draft_runtime, args.draft, args.cache_dir, progress),
-                args.gguf_type or "q4_0",
+                else draft_runtime(args.draft_runtime, args.draft, args.cache_dir, progress)
             )
+            runtime = parse_runtime(choice, args.dtype, args.gguf_type or "q4_0")
+            draft = runtime.load(args.draft, args.cache_dir, progress)
             check_same_vocabulary(target, draft)
             if args.draft_vocab:
                 trim_draft(draft, args.draft_vocab)
@@ -705,21 +712,17 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
 
 def _cost(args: argparse.Namespace) -> int:
     from specdec.cli_output import progress_bar
-    from specdec.loading import load_backend
     from specdec.tune import time_pass
 
     if not 1 <= args.max_n <= 64 or args.repeats < 1:
         raise UsageError("--max-n must be in 1..64 and --repeats >= 1")
+    runtime = parse_runtime(args.runtime, args.dtype, args.gguf_type)
     with progress_bar() as progress:
-        model = load_backend(
-            args.model, args.dtype, args.cache_dir, progress, args.runtime, args.gguf_type
-        )
+        model = runtime.load(args.model, args.cache_dir, progress)
     # 32 ordinary token ids (inside any vocabulary): a short context to attend to.
     context = [i % model.vocab_size for i in range(1000, 1032)]
     step = time_pass(model, context, 1, args.repeats)
-    label = args.runtime + (
-        f" {args.gguf_type}" if args.runtime == "llamacpp" else f" {args.dtype}"
-    )
+    label = runtime.name
     sys.stdout.write(
         f"{args.model} on {label}: 1-token step {step * 1e3:.1f} ms\n n   ms     v(n)\n"
     )
@@ -734,7 +737,6 @@ def _tune(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from specdec.cli_output import print_tune, progress_bar
-    from specdec.loading import load_backend
     from specdec.tune import recommend, tune, write_outputs
 
     if bool(args.prompts) == bool(args.workload):
@@ -761,8 +763,12 @@ def _tune(args: argparse.Namespace) -> int:
         raise UsageError("no prompts found")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=0)
     with progress_bar() as progress:
-        target = load_backend(args.target, args.dtype, args.cache_dir, progress)
-        draft = load_backend(args.draft, args.dtype, args.cache_dir, progress)
+        runtimes = [
+            parse_runtime(choice or args.dtype, args.dtype, gguf)
+            for choice, gguf in ((args.target_runtime, "q4_k_m"), (args.draft_runtime, "q4_0"))
+        ]
+        target = runtimes[0].load(args.target, args.cache_dir, progress)
+        draft = runtimes[1].load(args.draft, args.cache_dir, progress)
         prompts = [
             encode_prompt(target.tokenizer, text, template)
             for text, template in items[: args.limit]

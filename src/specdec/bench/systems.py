@@ -27,12 +27,10 @@ from specdec.controller import AdaptiveK
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
 from specdec.drafters.recipe import available_recipes, build_drafter, describe_recipe
 from specdec.engine import Engine
-from specdec.models import GGUF_TYPES
+from specdec.runtime import TRANSFORMERS_DTYPES, parse_runtime
 
 if TYPE_CHECKING:
     from specdec.heads.load import Heads
-
-TRANSFORMERS_DTYPES = ("int8", "bfloat16", "float32")
 
 
 @dataclass(frozen=True)
@@ -55,15 +53,11 @@ class Runtime:
 
     @staticmethod
     def parse(text: str) -> Runtime:
+        """``TARGET[/DRAFT]``, each a runtime value (``specdec.runtime``): int8, bfloat16,
+        float32, llamacpp:TYPE, or the short form TYPE (a GGUF type)."""
         target, _, draft = text.partition("/")
-        runtime = Runtime(target, draft or target)
-        for part in (runtime.target, runtime.draft):
-            if not is_transformers(part) and part not in GGUF_TYPES:
-                raise ValueError(
-                    f"unknown runtime {part!r}: use one of {', '.join(TRANSFORMERS_DTYPES)} "
-                    f"(transformers) or {', '.join(GGUF_TYPES)} (llama.cpp GGUF types)"
-                )
-        return runtime
+        parts = [parse_runtime(part) for part in (target, draft or target)]
+        return Runtime(*(part.precision for part in parts))
 
 
 def is_transformers(runtime: str) -> bool:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specdec.heads.nets import KINDS
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.runtime import runtime_value
 
 
 def add_parser(commands, parser_class) -> None:
@@ -112,11 +113,13 @@ def add_parser(commands, parser_class) -> None:
     )
     evaluate.add_argument(
         "--draft-runtime",
-        choices=["auto", "transformers", "llamacpp"],
+        type=runtime_value,
         default="auto",
-        help="--kind model: the draft's runtime, chosen as 'specdec generate' chooses it "
-        "(default: auto). Only the default configuration informs --drafter auto; others "
-        "are recorded under their own name for comparison",
+        metavar="RUNTIME",
+        help="--kind model: the draft's runtime, as for 'specdec generate' (int8, bfloat16, "
+        "float32, llamacpp:TYPE, transformers = --dtype, llamacpp = Q4_0; default: auto). "
+        "Only the default configuration informs --drafter auto; others are recorded under "
+        "their own name for comparison",
     )
     evaluate.add_argument(
         "--draft-vocab",

@@ -148,14 +148,16 @@ def run_command(
     if args.kind == "model":
         from specdec.cli import draft_runtime, trim_draft
         from specdec.drafters import ModelDrafter
-        from specdec.loading import load_backend
+        from specdec.runtime import parse_runtime
 
-        runtime = (
+        choice = (
             "transformers"
             if args.draft_vocab and args.draft_runtime == "auto"
             else draft_runtime(args.draft_runtime, args.draft, args.cache_dir, progress)
         )
-        draft = load_backend(args.draft, args.dtype, args.cache_dir, progress, runtime, "q4_0")
+        draft_runtime_value = parse_runtime(choice, args.dtype, "q4_0")
+        runtime = draft_runtime_value.engine  # the label keeps the engine, as before
+        draft = draft_runtime_value.load(args.draft, args.cache_dir, progress)
         if args.draft_vocab:
             trim_draft(draft, args.draft_vocab)
         default = args.draft_runtime == "auto" and not args.draft_vocab
