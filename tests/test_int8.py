@@ -107,18 +107,28 @@ def threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("rows", range(2, 13))
+@pytest.mark.parametrize("rows", [*range(2, 13), 21, 22, 40, 64, 97])
 def test_token_by_token_ops_match_one_token_steps_at_every_thread_count(threads, rows):
     """The hazard: PyTorch splits a 9 x 8960 SiLU across 3+ threads and the edge of each
-    thread's range rounds differently from the same element in a one-token step. Run one
-    token at a time, the op is the step's own call."""
+    thread's range rounds differently from the same element in a one-token step. Run in
+    pieces under the grain size (3 tokens of SiLU at 8960, 21 of an RMSNorm at 1536, one
+    token at an odd width), every token is computed as in the step's own call."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
     generator = torch.Generator().manual_seed(rows)
-    x = torch.randn(1, rows, 8960, generator=generator) * 3.0
-    silu = int8.TokenByToken(nn.SiLU())
-    steps = torch.cat([nn.functional.silu(x[:, i : i + 1]) for i in range(rows)], dim=1)
-    for count in THREADS:
-        torch.set_num_threads(count)
-        assert torch.equal(silu(x), steps), f"{rows} rows, {count} threads"
+    norm = Qwen2RMSNorm(1536)
+    norm.weight.data = torch.randn(1536, generator=generator)
+    cases = [
+        (nn.SiLU(), torch.randn(1, rows, 8960, generator=generator) * 3.0),
+        (norm, torch.randn(1, rows, 1536, generator=generator) * 3.0),
+        (nn.SiLU(), torch.randn(1, rows, 1000, generator=generator) * 3.0),  # not 64-wide
+    ]
+    for inner, x in cases:
+        wrapped = int8.TokenByToken(inner)
+        for count in THREADS:
+            torch.set_num_threads(count)
+            steps = torch.cat([inner(x[:, i : i + 1]) for i in range(rows)], dim=1)
+            assert torch.equal(wrapped(x), steps), f"{inner}, {rows} rows, {count} threads"
 
 
 @pytest.fixture(scope="module")
