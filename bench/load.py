@@ -25,12 +25,12 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
 from openai import OpenAI
+from serving import wait_ready  # bench/serving.py, beside this script
 
 from specdec.doctor import cpu_name
 
@@ -42,18 +42,6 @@ MODES = {"batched": [], "turns": ["--no-batching"]}
 def workload(name: str) -> list[dict]:
     text = resources.files("specdec.bench").joinpath(f"workloads/{name}.jsonl").read_text()
     return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def wait_ready(deadline_s: float = 900) -> None:
-    deadline = time.time() + deadline_s
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=2)
-            return
-        except Exception:
-            if time.time() > deadline:
-                raise
-            time.sleep(1)
 
 
 def one(client: OpenAI, item: dict, max_tokens: int) -> dict:
@@ -96,7 +84,7 @@ def run_mode(flags: list[str], workloads: list[str], levels: list[int], max_toke
         stderr=log,
     )
     try:
-        wait_ready()
+        wait_ready(PORT)
         client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="unused", timeout=900)
         one(client, {"id": "warm", "template": "raw", "prompt": "def warm_up():\n"}, 8)
         results: dict = {}

@@ -18,12 +18,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
 from openai import OpenAI
+from serving import wait_ready  # bench/serving.py, beside this script
 
 from specdec.doctor import cpu_name
 
@@ -40,18 +40,6 @@ def prompts() -> list[str]:
     return [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
 
 
-def wait_ready(deadline_s: float = 600) -> None:
-    deadline = time.time() + deadline_s
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=2)
-            return
-        except Exception:
-            if time.time() > deadline:
-                raise
-            time.sleep(1)
-
-
 def run(flags: list[str], clients: int, max_tokens: int) -> dict:
     log = open(f"/tmp/replicas-{len(flags)}.log", "w")  # noqa: SIM115 (the server's life)
     server = subprocess.Popen(
@@ -59,7 +47,7 @@ def run(flags: list[str], clients: int, max_tokens: int) -> dict:
     )
     try:
         started = time.time()
-        wait_ready()
+        wait_ready(PORT)
         client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="unused", timeout=600)
         texts: dict[str, str] = {}
         replicas: set[str | None] = set()

@@ -1,0 +1,19 @@
+"""What the server benchmarks under bench/ share: waiting for `specdec serve` to answer."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+
+def wait_ready(port: int, deadline_s: float = 900) -> None:
+    """Until http://127.0.0.1:PORT/health answers (loading the pair can take minutes)."""
+    deadline = time.time() + deadline_s
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return
+        except Exception:
+            if time.time() > deadline:
+                raise
+            time.sleep(1)
