@@ -41,8 +41,8 @@ def markdown_table(rows: list[dict], descriptions: dict[str, str]) -> str:
         "that peer's own plain run (`llamacpp`, `openvino`) when the run has it. Sampled with a "
         "seed, specdec systems verify with coupled randomness (unless `--verification "
         "rejection`), so their text must equal specdec plain's; peers and rejection-sampled "
-        "runs are not compared by text (n/a): their tokens are tested against the target's "
-        "distribution below."
+        "runs are not compared by text (n/a); sampled specdec runs are tested against the "
+        "target's distribution instead (a section below the table when the run sampled)."
     )
     lines.append("")
     lines += [f"- `{name}`: {text}" for name, text in descriptions.items()]
