@@ -213,3 +213,40 @@ def test_a_failing_drafter_fails_its_own_request_only(int8_model):
     broken, fine = step_together(runs, batched.forward_many)
     assert isinstance(broken, RuntimeError) and not isinstance(fine, Exception)
     assert fine.token_ids
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_heads_draft_for_batched_requests_as_for_one(int8_model, kind):
+    """Medusa and EAGLE over ``ModelSequence`` targets (their features kept per sequence):
+    greedy requests decoded together give each request's solo tokens."""
+    from helpers import tiny_heads
+
+    heads, _ = tiny_heads(int8_model, kind, steps=60)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    prompts = [ids(1, 5), ids(2, 8), ids(3, 3)]
+    batched = BatchedModel(int8_model)
+    runs = []
+    for prompt in prompts:
+        sequence = batched.sequence()
+        run = Engine(sequence, heads.drafter(sequence)).begin(prompt, params, SpecConfig(k=3))
+        run.start()
+        runs.append(run)
+    tokens: list[list[int]] = [[] for _ in runs]
+    active = list(range(len(runs)))
+    drafted = 0
+    while active:
+        for i, chunk in zip(
+            list(active),
+            step_together([runs[i] for i in active], batched.forward_many),
+            strict=True,
+        ):
+            assert not isinstance(chunk, Exception), chunk
+            tokens[i] += chunk.token_ids
+            if chunk.finish_reason is not None:
+                drafted += chunk.stats.drafted_tokens
+                active.remove(i)
+    assert drafted > 0
+    for prompt, got in zip(prompts, tokens, strict=True):
+        alone = backend(int8_model)
+        expected = Engine(alone, heads.drafter(alone)).generate(prompt, params, SpecConfig(k=3))
+        assert got == expected.token_ids
