@@ -28,3 +28,37 @@ def test_the_verdict_is_cached_per_machine(tmp_path, monkeypatch):
     assert probe.llamacpp_works(tmp_path / "x.gguf", cache, PASS) == first
     monkeypatch.setattr(probe, "machine_key", lambda: "another machine or build")
     assert probe.llamacpp_works(tmp_path / "x.gguf", cache, PASS).ok
+
+
+# ---- the measured draft runtime (--draft-runtime auto) ---------------------------------
+
+
+def test_the_fastest_measured_draft_runtime_is_chosen_and_cached(tmp_path, monkeypatch):
+    from specdec.backends import draft_choice
+
+    timed = []
+
+    def measure(runtime):
+        timed.append(runtime)
+        return {"int8": 20.0, "llamacpp:q4_0": 12.5, "bfloat16": 30.0}[runtime]
+
+    choice, measured = draft_choice.choose("d", ["int8", "llamacpp:q4_0"], tmp_path, measure)
+    assert measured and choice.runtime == "llamacpp:q4_0" and timed == ["int8", "llamacpp:q4_0"]
+    assert "llamacpp:q4_0 12.5 ms" in choice.reason
+    again, measured = draft_choice.choose("d", ["int8", "llamacpp:q4_0"], tmp_path, measure)
+    assert again == choice and not measured and len(timed) == 2  # from the cache
+    assert draft_choice.cached_choices(tmp_path) == [choice]
+    # Other candidates, another draft, or another machine/build: measured again.
+    other, measured = draft_choice.choose("d", ["bfloat16", "llamacpp:q4_0"], tmp_path, measure)
+    assert measured and other.runtime == "llamacpp:q4_0"
+    monkeypatch.setattr(draft_choice, "machine_key", lambda draft: f"another CPU|{draft}")
+    _, measured = draft_choice.choose("d", ["int8", "llamacpp:q4_0"], tmp_path, measure)
+    assert measured
+
+
+def test_an_unreadable_draft_choice_cache_is_measured_again(tmp_path):
+    from specdec.backends import draft_choice
+
+    (tmp_path / draft_choice.CACHE_FILE).write_text("{not json")
+    choice, measured = draft_choice.choose("d", ["int8"], tmp_path, lambda runtime: 5.0)
+    assert measured and choice.runtime == "int8"

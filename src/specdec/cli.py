@@ -561,7 +561,13 @@ def _doctor() -> int:
     out.write(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ")
     out.write(f"transformers {version('transformers')}; ")
     out.write(f"llama-cpp-python {version('llama-cpp-python')}\n")
-    out.write("int8 runtime, block pass == one-token steps (bit for bit), 1536/8960 layers:\n")
+    from specdec.backends.draft_choice import cached_choices
+    from specdec.models import cache_root
+
+    choices = cached_choices(cache_root(None))
+    out.write("--draft-runtime auto, measured on this machine and these builds:")
+    out.write("".join(f"\n  {c.draft} -> {c.runtime} ({c.reason})" for c in choices) or " none yet")
+    out.write("\nint8 runtime, block pass == one-token steps (bit for bit), 1536/8960 layers:\n")
     model = doctor.real_size_int8_model()
     failed = False
     for threads in doctor.thread_counts():
@@ -631,10 +637,18 @@ def drafter_kinds(recipe: str) -> list[str]:
         raise UsageError(f"--{error}") from None
 
 
-def draft_runtime(choice: str, draft: str, cache_dir: str | None = None, progress=None) -> str:
-    """``auto``: llama.cpp for a catalog draft when llama-cpp-python is installed (the
-    cheapest draft step measured) and passes its self-test on this machine
-    (``backends.probe``), else transformers, with one line saying why."""
+def draft_runtime(
+    choice: str,
+    draft: str,
+    cache_dir: str | None = None,
+    progress=None,
+    dtype: str = "int8",
+) -> str:
+    """``auto``: for a catalog draft with llama-cpp-python installed and passing its
+    self-test on this machine (``backends.probe``), the runtime its step is fastest on here,
+    llama.cpp Q4_0 or ``dtype``, measured once per machine and build
+    (``backends.draft_choice``); else ``dtype``, with one line saying why when llama.cpp
+    failed. Other choices are returned as they are."""
     if choice != "auto":
         return choice
     import importlib.util
@@ -642,19 +656,27 @@ def draft_runtime(choice: str, draft: str, cache_dir: str | None = None, progres
     from specdec.models import CATALOG, cache_root, ensure_gguf, lookup
 
     if importlib.util.find_spec("llama_cpp") is None or draft not in CATALOG:
-        return "transformers"
+        return dtype
+    from specdec.backends import draft_choice
     from specdec.backends.probe import REBUILD, llamacpp_works
 
     root = cache_root(cache_dir)
     gguf = ensure_gguf(lookup(draft), root, *([progress] if progress else []))
     result = llamacpp_works(gguf, root / "llamacpp-probe.json")
-    if result.ok:
-        return "llamacpp"
-    sys.stderr.write(
-        f"specdec: not drafting on llama.cpp: {result.reason}; drafting on int8 instead. "
-        f"A build that runs everywhere: {REBUILD}\n"
-    )
-    return "transformers"
+    if not result.ok:
+        sys.stderr.write(
+            f"specdec: not drafting on llama.cpp: {result.reason}; drafting on {dtype} instead. "
+            f"A build that runs everywhere: {REBUILD}\n"
+        )
+        return dtype
+
+    def measure(runtime: str) -> float:
+        return draft_choice.step_ms(parse_runtime(runtime).load(draft, cache_dir, progress))
+
+    chosen, measured = draft_choice.choose(draft, [dtype, "llamacpp:q4_0"], root, measure)
+    if measured:
+        sys.stderr.write(f"specdec: draft runtime auto -> {chosen.runtime} ({chosen.reason})\n")
+    return chosen.runtime
 
 
 def _build_engine(args: argparse.Namespace, kinds: list[str]):
@@ -690,7 +712,9 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
             choice = (
                 "transformers"
                 if args.draft_vocab and args.draft_runtime == "auto"
-                else draft_runtime(args.draft_runtime, args.draft, args.cache_dir, progress)
+                else draft_runtime(
+                    args.draft_runtime, args.draft, args.cache_dir, progress, args.dtype
+                )
             )
             runtime = parse_runtime(choice, args.dtype, args.gguf_type or "q4_0")
             draft = runtime.load(args.draft, args.cache_dir, progress)

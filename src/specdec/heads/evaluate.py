@@ -153,7 +153,7 @@ def run_command(
         choice = (
             "transformers"
             if args.draft_vocab and args.draft_runtime == "auto"
-            else draft_runtime(args.draft_runtime, args.draft, args.cache_dir, progress)
+            else draft_runtime(args.draft_runtime, args.draft, args.cache_dir, progress, args.dtype)
         )
         draft_runtime_value = parse_runtime(choice, args.dtype, "q4_0")
         runtime = draft_runtime_value.engine  # the label keeps the engine, as before
