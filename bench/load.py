@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 from openai import OpenAI
-from serving import wait_ready  # bench/serving.py, beside this script
+from serving import stop, wait_ready  # bench/serving.py, beside this script
 
 from specdec.doctor import cpu_name
 
@@ -102,11 +101,7 @@ def run_mode(flags: list[str], workloads: list[str], levels: list[int], max_toke
             results[name] = {"solo": solo, "rows": rows}
         return results
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server)
 
 
 def summarize(results: dict, max_tokens: int) -> list[dict]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from openai import OpenAI
-from serving import wait_ready  # bench/serving.py, beside this script
+from serving import stop, wait_ready  # bench/serving.py, beside this script
 
 from specdec.doctor import cpu_name
 
@@ -80,11 +79,7 @@ def run(flags: list[str], clients: int, max_tokens: int) -> dict:
             "texts": texts,
         }
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server)
         subprocess.run(["ray", "stop", "--force"], capture_output=True)
 
 

@@ -1,7 +1,9 @@
-"""What the server benchmarks under bench/ share: waiting for `specdec serve` to answer."""
+"""What the server benchmarks under bench/ share: waiting for `specdec serve`, stopping it."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 import urllib.request
 
@@ -17,3 +19,12 @@ def wait_ready(port: int, deadline_s: float = 900) -> None:
             if time.time() > deadline:
                 raise
             time.sleep(1)
+
+
+def stop(server: subprocess.Popen) -> None:
+    """SIGTERM, then a kill if it has not ended within a minute."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
