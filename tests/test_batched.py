@@ -180,6 +180,13 @@ def test_batched_requests_decode_what_each_decodes_alone(
         assert tokens == engine.generate(prompt, params, spec).token_ids
 
 
+def test_an_empty_step_is_no_pass():
+    def forward_many(work):
+        raise AssertionError("no pass for no runs")
+
+    assert step_together([], forward_many, max_rows=8) == []
+
+
 def test_the_row_budget_caps_each_requests_drafts(int8_model):
     batched = BatchedModel(int8_model)
     runs = []

@@ -328,6 +328,8 @@ def step_together(
     run verifies with its own generator and accepts its own count. A run whose drafting or
     verification fails gets its exception; if the pass fails, every run in it does, and
     the target caches are as they were (``BatchedModel`` restores them)."""
+    if not runs:
+        return []
     share = None if max_rows is None else max(max_rows // len(runs) - 1, 0)
     results: list[Chunk | Exception | None] = [None] * len(runs)
     started = time.perf_counter()
