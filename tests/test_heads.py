@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -326,3 +327,87 @@ def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     assert recipe == "eagle" and "eagle 2.10x, model 1.60x" in why
     store.save_eval(entry, "medusa", {"predicted_speedup": 3.0})  # evaluated, then deleted
     assert auto_recipe(target, str(tmp_path), "tiny")[0] == "eagle"
+
+
+# ---- chat-like data: the target's own replies --------------------------------------------
+
+
+def test_documents_are_cut_into_chunks_of_one_length():
+    from specdec.heads.data import stream_chunks
+
+    documents = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11]]
+    assert list(stream_chunks(documents, 4)) == [[1, 2, 3, 4], [5, 6, 7, 8]]
+
+
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        (
+            "p.txt",
+            "hello there\nsay hi\\nin two lines\n\n",
+            ["hello there", "say hi\nin two lines"],
+        ),
+        ("p.jsonl", '{"prompt": "a"}\n\n{"prompt": "b", "id": 3}\n', ["a", "b"]),
+        ("p.jsonl", '{"prompt": "a"}\n{"text": "b"}\n', "line 2: needs a 'prompt' string"),
+        ("p.jsonl", "{not json\n", "line 1: not valid JSON"),
+        ("p.txt", "\n\n", "no prompts in it"),
+    ],
+)
+def test_chat_prompt_files_are_read_or_refused_by_line(tmp_path, name, content, expected):
+    from specdec.heads.data import read_prompts
+
+    path = tmp_path / name
+    path.write_text(content)
+    if isinstance(expected, list):
+        assert read_prompts(path) == expected
+    else:
+        with pytest.raises(ValueError, match=expected):
+            read_prompts(path)
+
+
+def test_replies_are_the_targets_own_and_saved_for_a_rerun(target_model, tokenizer, tmp_path):
+    """prompt + the target's seeded reply, through the chat template; a rerun reads them
+    back instead of generating (a cut-off last line is generated again)."""
+    import copy
+
+    from specdec import Engine, SamplingParams
+    from specdec.heads.data import replies
+    from specdec.prompting import chat_ids
+
+    chatty = copy.deepcopy(tokenizer)
+    chatty.chat_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    target = backend(target_model, chatty)
+    saved = tmp_path / "replies.jsonl"
+    first = list(replies(target, ["hi", "the cat"], 12, saved))
+    prompt = chat_ids(chatty, [{"role": "user", "content": "the cat"}])
+    reply = Engine(target).generate(prompt, SamplingParams(max_tokens=12, temperature=0.7, seed=1))
+    assert first[1] == prompt + reply.token_ids
+    lines = saved.read_text().splitlines()
+    saved.write_text(lines[0] + "\n" + lines[1][:10])  # an interrupted write
+    assert list(replies(target, ["hi", "the cat", "a dog"], 12, saved))[:2] == first
+    rows = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert [row["prompt"] for row in rows] == [0, 1, 2]  # the cut line made again, whole
+
+
+def test_chat_data_joins_the_corpus_data_in_one_directory(tmp_path, model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the cat sat on the mat. a dog ran far.\n" * 30)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(f"tell me about the cat number {i}" for i in range(8)))
+    common = ["--target", str(model_dir), "--dtype", "float32", "--length", "32"]
+    args = ["heads", "data", "--corpus", str(corpus), "--suffix", ".txt", *common]
+    assert main(args) == 0
+    capsys.readouterr()
+    chat = ["heads", "data", "--chat-prompts", str(prompts), "--reply-tokens", "24", *common]
+    assert main(chat) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"\d+ chat, \d+ corpus;", err) and "8 prompts" in err
+    assert main(chat) == 0  # a rerun: nothing new to generate, the data stays
+
+    def summary(text):
+        return next(line for line in text.splitlines() if "chunks of" in line)
+
+    assert summary(capsys.readouterr().err) == summary(err)
+    assert main(["heads", "train", "--kind", "medusa", "--minutes", "0.03", *common[:4]]) == 0

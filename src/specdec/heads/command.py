@@ -49,6 +49,20 @@ def add_parser(commands, parser_class) -> None:
         default=30.0,
         help="time budget (default: 30 minutes: about 200k tokens for the 1.5B in int8 on 2 cores)",
     )
+    data.add_argument(
+        "--chat-prompts",
+        metavar="FILE",
+        help="instead of a corpus: prompts (a .jsonl file with a 'prompt' field a line, or "
+        "one prompt a line) that the target answers through its chat template, sampled at "
+        "temperature 0.7; prompt + reply are collected as chat-like data (kept beside the "
+        "corpus's in the same data directory; replies saved, so a rerun continues)",
+    )
+    data.add_argument(
+        "--reply-tokens",
+        type=int,
+        default=256,
+        help="--chat-prompts: tokens of each reply at most (default: 256)",
+    )
     data.add_argument("--max-tokens", type=int, help="stop after this many tokens")
     data.add_argument("--length", type=int, default=512, help="tokens per chunk (default: 512)")
     _common(data)
@@ -184,7 +198,20 @@ def _data(args, target, fingerprint, data_dir, progress) -> int:
         raise ValueError(f"--length must be >= 16, got {args.length}")
     if args.minutes <= 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
-    files = data.corpus_files(args.corpus or [data.default_corpus()], args.suffix)
+    if args.chat_prompts and args.corpus:
+        raise ValueError("give --corpus or --chat-prompts, not both (run twice to have both)")
+    if args.reply_tokens < 1:
+        raise ValueError(f"--reply-tokens must be >= 1, got {args.reply_tokens}")
+    files: list[Path] = []
+    documents = None
+    if args.chat_prompts:
+        prompts = data.read_prompts(Path(args.chat_prompts))
+        data_dir.mkdir(parents=True, exist_ok=True)
+        documents = data.replies(target, prompts, args.reply_tokens, data_dir / "replies.jsonl")
+        what = f"{len(prompts)} prompts and the target's replies"
+    else:
+        files = data.corpus_files(args.corpus or [data.default_corpus()], args.suffix)
+        what = f"{len(files)} files"
     manifest = data.collect(
         target,
         files,
@@ -194,12 +221,19 @@ def _data(args, target, fingerprint, data_dir, progress) -> int:
         args.max_tokens,
         args.minutes,
         progress,
+        source="chat" if documents is not None else "corpus",
+        documents=documents,
     )
-    chunks = sum(s["chunks"] for s in manifest["shards"])
+    by_source: dict[str, int] = {}
+    for shard in manifest["shards"]:
+        source = shard.get("source", "corpus")
+        by_source[source] = by_source.get(source, 0) + shard["chunks"]
+    chunks = sum(by_source.values())
+    sources = ", ".join(f"{count} {source}" for source, count in sorted(by_source.items()))
     sys.stderr.write(
-        f"{data_dir}: {chunks} chunks of {manifest['length']} tokens "
-        f"({chunks * manifest['length']} tokens, {manifest['seconds'] / 60:.1f} min of target "
-        f"time in all) from {len(files)} files\n"
+        f"{data_dir}: {chunks} chunks of {manifest['length']} tokens ({sources}; "
+        f"{chunks * manifest['length']} tokens, {manifest['seconds'] / 60:.1f} min of target "
+        f"time in all); this run read {what}\n"
     )
     return 0
 

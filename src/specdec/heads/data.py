@@ -9,6 +9,14 @@ storing logits. Every ``HELD_OUT``-th chunk is kept for ``specdec heads eval``.
 
 Collection is resumable: chunks come in a fixed order, a shard is written atomically, and a
 rerun skips the chunks already on disk.
+
+Chat-like data (``--chat-prompts``): a corpus of source files teaches the heads code, not
+conversation. So the target can also write its own replies to a list of prompts (through the
+chat template, sampled at temperature 0.7 with a seed per prompt: the text the heads will
+have to guess when serving chat); prompt + reply, one after another, are cut into chunks of
+the same length and their features collected as for the corpus. The replies are saved as
+they are written (``replies.jsonl``), so a rerun continues without generating them again.
+Each source keeps its own count of chunks, so both can share one data directory.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import os
 import random
 import sysconfig
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +85,78 @@ def chunks(files: Sequence[Path], tokenizer, length: int) -> Iterator[list[int]]
             yield ids[start : start + length]
 
 
+def stream_chunks(documents: Iterable[list[int]], length: int) -> Iterator[list[int]]:
+    """Documents one after another, cut into chunks of exactly ``length`` ids (the last,
+    shorter piece dropped)."""
+    pending: list[int] = []
+    for document in documents:
+        pending += document
+        while len(pending) >= length:
+            yield pending[:length]
+            pending = pending[length:]
+
+
+def read_prompts(path: Path) -> list[str]:
+    """Prompts from a .jsonl file (a "prompt" field a line) or a text file (one a line,
+    \\n for a newline); bad lines are named."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--chat-prompts {path}: cannot read it ({error})") from None
+    prompts = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if path.suffix != ".jsonl":
+            prompts.append(line.replace("\\n", "\n"))
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise ValueError(f"--chat-prompts {path}, line {number}: not valid JSON") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
+            raise ValueError(f"--chat-prompts {path}, line {number}: needs a 'prompt' string")
+        prompts.append(row["prompt"])
+    if not prompts:
+        raise ValueError(f"--chat-prompts {path}: no prompts in it")
+    return prompts
+
+
+def replies(
+    target, prompts: Sequence[str], reply_tokens: int, saved: Path, seed: int = 0
+) -> Iterator[list[int]]:
+    """Each prompt (through the chat template) followed by the target's own reply: token
+    ids. Replies already in ``saved`` (a JSON line each) are read back, new ones appended."""
+    from specdec import Engine, SamplingParams
+    from specdec.prompting import encode_prompt
+
+    done: list[list[int]] = []
+    lines = saved.read_text().splitlines(keepends=True) if saved.is_file() else []
+    for line in lines:
+        try:
+            done.append([int(t) for t in json.loads(line)["token_ids"]])
+        except (ValueError, KeyError, TypeError):
+            break  # a line cut short by an interrupted run: generate from there again
+        if not line.endswith("\n"):
+            done.pop()  # the write of its end never happened: not sure it is whole
+            break
+    if len(done) < len(lines):  # keep the whole lines only, so new ones start clean
+        temporary = saved.with_suffix(".tmp")
+        temporary.write_text("".join(lines[: len(done)]))
+        temporary.replace(saved)
+    yield from done[: len(prompts)]
+    # A model without a chat template has no conversation format: its prompts go in raw.
+    template = "chat" if getattr(target.tokenizer, "chat_template", None) else "raw"
+    with saved.open("a") as out:
+        for index in range(len(done), len(prompts)):
+            prompt_ids = encode_prompt(target.tokenizer, prompts[index], template)
+            params = SamplingParams(max_tokens=reply_tokens, temperature=0.7, seed=seed + index)
+            document = prompt_ids + Engine(target).generate(prompt_ids, params).token_ids
+            out.write(json.dumps({"prompt": index, "token_ids": document}) + "\n")
+            out.flush()
+            yield document
+
+
 @dataclass(frozen=True)
 class Shard:
     tokens: torch.Tensor  # [chunks, length] int64
@@ -92,10 +172,12 @@ def collect(
     max_tokens: int | None = None,
     minutes: float | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    source: str = "corpus",
+    documents: Iterable[list[int]] | None = None,
 ) -> dict:
-    """Run ``target`` (an ``HFModel``) over the corpus chunks and write shards to
-    ``out_dir``; resumes where an earlier run for the same target stopped. Returns the
-    manifest."""
+    """Run ``target`` (an ``HFModel``) over the corpus chunks (or, given ``documents``,
+    over chunks of those token lists) and write shards to ``out_dir``; resumes where an
+    earlier run of the same ``source`` for the same target stopped. Returns the manifest."""
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = _read_manifest(out_dir)
     if manifest and (manifest["fingerprint"], manifest["length"]) != (fingerprint, length):
@@ -110,7 +192,9 @@ def collect(
         "shards": [],
         "seconds": 0.0,
     }
-    done_chunks = sum(s["chunks"] for s in manifest["shards"])
+    done_chunks = sum(
+        s["chunks"] for s in manifest["shards"] if s.get("source", "corpus") == source
+    )
     total = max_tokens // length if max_tokens is not None else None
     budget_seconds = 60 * minutes if minutes is not None else None
     began = time.monotonic()
@@ -119,7 +203,12 @@ def collect(
     pending_tokens: list[list[int]] = []
     pending_features: list[torch.Tensor] = []
     started = time.monotonic()
-    for index, chunk in enumerate(chunks(files, target.tokenizer, length)):
+    source_chunks = (
+        chunks(files, target.tokenizer, length)
+        if documents is None
+        else stream_chunks(documents, length)
+    )
+    for index, chunk in enumerate(source_chunks):
         if index < done_chunks:
             continue
         if (total is not None and index >= total) or time.monotonic() > deadline:
@@ -129,30 +218,34 @@ def collect(
         pending_tokens.append(chunk)
         pending_features.append(target.hidden_states().to(torch.float16).clone())
         if len(pending_tokens) == CHUNKS_PER_SHARD:
-            _write_shard(out_dir, manifest, pending_tokens, pending_features, started)
+            _write_shard(out_dir, manifest, pending_tokens, pending_features, started, source)
             started = time.monotonic()
             pending_tokens, pending_features = [], []
+        what = "the corpus" if documents is None else "its replies"
         if progress is not None and total is not None:
-            progress("running the target over the corpus (chunks)", index + 1, total)
+            progress(f"running the target over {what} (chunks)", index + 1, total)
         elif progress is not None and budget_seconds is not None:
             elapsed = min(int(time.monotonic() - began), int(budget_seconds))
-            progress("running the target over the corpus (seconds)", elapsed, int(budget_seconds))
+            progress(f"running the target over {what} (seconds)", elapsed, int(budget_seconds))
     if pending_tokens:
-        _write_shard(out_dir, manifest, pending_tokens, pending_features, started)
+        _write_shard(out_dir, manifest, pending_tokens, pending_features, started, source)
     target.truncate(0)
-    if not manifest["shards"]:
-        raise ValueError("the budget ended before one chunk was collected: give more time")
+    if not any(s.get("source", "corpus") == source for s in manifest["shards"]):
+        raise ValueError(
+            "the budget ended before one chunk was collected: give more time"
+            + ("" if documents is None else " or more prompts (a chunk needs --length tokens)")
+        )
     return manifest
 
 
-def _write_shard(out_dir, manifest, tokens, features, started) -> None:
+def _write_shard(out_dir, manifest, tokens, features, started, source: str) -> None:
     name = f"shard-{len(manifest['shards']):05d}.pt"
     tmp = out_dir / (name + ".tmp")
     torch.save(
         {"tokens": torch.tensor(tokens, dtype=torch.long), "features": torch.stack(features)}, tmp
     )
     os.replace(tmp, out_dir / name)
-    manifest["shards"].append({"file": name, "chunks": len(tokens)})
+    manifest["shards"].append({"file": name, "chunks": len(tokens), "source": source})
     manifest["seconds"] += time.monotonic() - started
     tmp_manifest = out_dir / (MANIFEST + ".tmp")
     tmp_manifest.write_text(json.dumps(manifest, indent=1))
