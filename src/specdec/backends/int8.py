@@ -20,8 +20,9 @@ bit for bit:
   more than 32,768 elements, and each thread's range ends in scalar code that rounds
   transcendental functions (SiLU's exp, a norm's reduction) differently from the vector
   code: with 3+ threads, a 9-token block's SiLU over 9 x 8960 elements differs from nine
-  one-token steps in a few elements. Called one token at a time, each op is the very call a
-  step makes (same shape, one thread), whatever the thread count.
+  one-token steps in a few elements. Called on pieces of at most 32,767 elements whose rows
+  are a multiple of 64 floats wide (or one token at a time otherwise), each op runs on one
+  thread with every row meeting the same vector code as in a step, whatever the thread count.
 What is left (residual adds, products, the rotary mix, embedding lookups) is exactly-rounded
 IEEE arithmetic, the same in any block and on any thread. ``tests/test_int8.py`` checks
 block == steps bit for bit at the 1.5B's layer sizes with 1, 2, 3, 4 and 8 threads.
