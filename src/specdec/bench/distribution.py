@@ -100,9 +100,10 @@ def markdown(tests: dict[str, UniformityTest]) -> str:
         "",
         "## Sampled tokens against the target's own distribution",
         "",
-        "Every generated position of every run, as u = P(X < x) + V P(X = x) under the "
-        "target's distribution given the text before it (temperature, top-k, top-p applied; "
-        "V uniform): exact sampling makes the u uniform. Kolmogorov-Smirnov test:",
+        "Every generated position of every run, as u = P(tokens more likely than x) + "
+        "V P(x) under the target's distribution given the text before it (temperature, "
+        "top-k, top-p applied; V uniform): exact sampling makes the u uniform. "
+        "Kolmogorov-Smirnov test:",
         "",
         "| system | positions | KS distance | p-value |",
         "|---|---|---|---|",
