@@ -362,11 +362,11 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
         type=runtime_value,
         default="auto",
         metavar="RUNTIME",
-        help="runtime of the draft model, the same values, or auto (default): llama.cpp "
-        "Q4_0 when llama-cpp-python is installed, passes its self-test and the draft is a "
-        "catalog model (its 0.5B steps in ~29 ms here, against ~80 ms in int8), else "
-        "--dtype. A pair may mix runtimes when their vocabularies agree (checked at load); "
-        "the output is the target's either way",
+        help="runtime of the draft model, the same values, or auto (default): when "
+        "llama-cpp-python is installed, passes its self-test and the draft is a catalog "
+        "model, whichever of llama.cpp Q4_0 and --dtype steps faster here (timed once, "
+        "cached; specdec doctor shows it), else --dtype. A pair may mix runtimes when their "
+        "vocabularies agree (checked at load); the output is the target's either way",
     )
     p.add_argument(
         "--gguf-type",
