@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
+from specdec.config import DEFAULT_MAX_ROWS, VERIFICATIONS, SamplingParams, SpecConfig
 from specdec.heads import command as heads_command
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES, ModelError
 from specdec.prompting import encode_prompt
@@ -434,7 +434,7 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--verification",
-        choices=["auto", "rejection", "coupled"],
+        choices=VERIFICATIONS,
         default="auto",
         help="sampling only: coupled keys each position's randomness to (seed, position) so "
         "the output equals plain decoding with the same seed; rejection is the paper's "

@@ -226,16 +226,19 @@ class Run:
 
     def propose(self, max_k: int | None = None) -> tuple[Proposal, float]:
         """This round's drafts and the seconds drafting took."""
-        if self._draft_k(max_k) <= 0:
+        k = self._draft_k(max_k)
+        if k <= 0:
             return Proposal([]), 0.0
         started = time.perf_counter()
-        proposal = drive(self.drafting(max_k))
+        proposal = drive(self._drafting(k))
         return proposal, time.perf_counter() - started
 
     def drafting(self, max_k: int | None = None) -> Drafting:
         """This round's drafts, step by step (``drafters.base.Drafting``): at most ``max_k``
         (a batch's share of a pass)."""
-        k = self._draft_k(max_k)
+        return self._drafting(self._draft_k(max_k))
+
+    def _drafting(self, k: int) -> Drafting:
         if k <= 0:
             return Proposal([])
         assert self.drafter is not None, "k > 0 only with a drafter"
@@ -384,17 +387,18 @@ def _draft_together(runs: Sequence[Run], share: int | None) -> list[Proposal | E
     for i in steps:
         advance(i, None)
     while calls:
-        groups: dict[int, list[int]] = {}
+        groups: dict[int, tuple[Any, list[int]]] = {}  # a batched model (or None), its runs
         for i, (backend, _) in calls.items():
             batched = getattr(backend, "batched", None)
-            groups.setdefault(id(batched) if batched is not None else -1 - i, []).append(i)
-        for members in groups.values():
-            backend = calls[members[0]][0]
+            key = id(batched) if batched is not None else -1 - i
+            groups.setdefault(key, (batched, []))[1].append(i)
+        for batched, members in groups.values():
             try:
-                if hasattr(backend, "batched"):
-                    outs = backend.batched.forward_many([(*calls[i], True) for i in members])
+                if batched is not None:
+                    outs = batched.forward_many([(*calls[i], True) for i in members])
                 else:
-                    outs = [backend.forward(calls[members[0]][1], last_only=True)]
+                    backend, tokens = calls[members[0]]
+                    outs = [backend.forward(tokens, last_only=True)]
             except Exception as error:
                 for i in members:
                     results[i] = error

@@ -26,7 +26,7 @@ from specdec.bench.systems import (
     make_system,
     reference_of,
 )
-from specdec.config import SamplingParams
+from specdec.config import VERIFICATIONS, SamplingParams
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 
@@ -95,7 +95,7 @@ def add_parser(commands) -> None:
     )
     p.add_argument(
         "--verification",
-        choices=["auto", "rejection", "coupled"],
+        choices=VERIFICATIONS,
         default="auto",
         help="how specdec verifies sampled drafts (auto: coupled, since bench runs are seeded; "
         "coupled runs must give plain's text). Sampled runs of specdec on the default runtime "

@@ -66,6 +66,28 @@ ForwardCall = tuple[Any, list[int]]
 Drafting = Generator[ForwardCall, torch.Tensor, Proposal]
 
 
+class StepwiseDrafter:
+    """A drafter whose ``propose`` is its ``drafting`` run one pass at a time."""
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampler: Sampler | None = None,
+        keep_going: KeepGoing | None = None,
+    ) -> Proposal:
+        return drive(self.drafting(context, k, sampler, keep_going))
+
+    def drafting(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampler: Sampler | None = None,
+        keep_going: KeepGoing | None = None,
+    ) -> Drafting:
+        raise NotImplementedError
+
+
 def drive(drafting: Drafting) -> Proposal:
     """Run a ``drafting`` generator with one pass at a time."""
     try:

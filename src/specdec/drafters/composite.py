@@ -9,11 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdec.drafters.base import Drafter, Drafting, KeepGoing, Proposal, drafting_of, drive
+from specdec.drafters.base import (
+    Drafter,
+    Drafting,
+    KeepGoing,
+    Proposal,
+    StepwiseDrafter,
+    drafting_of,
+)
 from specdec.sampling import Sampler
 
 
-class FallbackDrafter:
+class FallbackDrafter(StepwiseDrafter):
     def __init__(self, drafters: Sequence[Drafter]):
         if not drafters:
             raise ValueError("FallbackDrafter needs at least one drafter")
@@ -27,15 +34,6 @@ class FallbackDrafter:
     def prepare(self, context: Sequence[int]) -> None:
         for drafter in self.drafters:
             drafter.prepare(context)
-
-    def propose(
-        self,
-        context: Sequence[int],
-        k: int,
-        sampler: Sampler | None = None,
-        keep_going: KeepGoing | None = None,
-    ) -> Proposal:
-        return drive(self.drafting(context, k, sampler, keep_going))
 
     def drafting(
         self,

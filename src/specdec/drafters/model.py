@@ -8,13 +8,13 @@ import torch
 
 from specdec.backends.base import Backend, common_prefix_length, sync_cache
 from specdec.config import SamplingParams
-from specdec.drafters.base import Drafting, KeepGoing, Proposal, drive
+from specdec.drafters.base import Drafting, KeepGoing, Proposal, StepwiseDrafter
 from specdec.sampling import Sampler
 
 _GREEDY = SamplingParams(temperature=0.0)
 
 
-class ModelDrafter:
+class ModelDrafter(StepwiseDrafter):
     """Samples k tokens autoregressively from a draft model.
 
     Its cache follows the accepted text lazily: each ``propose`` rolls the cache back to the
@@ -34,15 +34,6 @@ class ModelDrafter:
         if limit is not None and len(context) >= limit:
             return  # longer than the draft's window (a llama.cpp n_ctx): it will not draft
         sync_cache(self.backend, list(context[:-1]))  # the last token is fed by the first propose
-
-    def propose(
-        self,
-        context: Sequence[int],
-        k: int,
-        sampler: Sampler | None = None,
-        keep_going: KeepGoing | None = None,
-    ) -> Proposal:
-        return drive(self.drafting(context, k, sampler, keep_going))
 
     def drafting(
         self,

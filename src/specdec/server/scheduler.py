@@ -214,7 +214,7 @@ class Scheduler:
         """One round of every active job in one target pass; a job joining now is prefilled
         first (alone: its prompt is one pass)."""
         assert self.batched is not None, "only with a batched model"
-        running = []
+        jobs, runs = [], []
         for entry in entries:
             if entry.job.cancelled.is_set():
                 self._release(entry.job)
@@ -227,18 +227,18 @@ class Scheduler:
                     self._release(entry.job)
                     entry.job.put(error)
                     continue
-            running.append(entry)
-        if not running:
+            jobs.append(entry.job)
+            runs.append(entry.run)
+        if not runs:
             return
-        runs = [entry.run for entry in running if entry.run is not None]
         results = step_together(runs, self.batched.forward_many, self.max_rows)
         self.on_batched_pass(len(runs))
-        for entry, result in zip(running, results, strict=True):
+        for job, result in zip(jobs, results, strict=True):
             if isinstance(result, Exception):
-                self._release(entry.job)
-                entry.job.put(result)
+                self._release(job)
+                job.put(result)
             else:
-                self._deliver(entry.job, result)
+                self._deliver(job, result)
 
     def _deliver(self, job: Job, chunk: Chunk) -> None:
         if chunk.finish_reason is not None:
