@@ -348,7 +348,11 @@ def test_documents_are_cut_into_chunks_of_one_length():
             ["hello there", "say hi\nin two lines"],
         ),
         ("p.jsonl", '{"prompt": "a"}\n\n{"prompt": "b", "id": 3}\n', ["a", "b"]),
-        ("p.jsonl", '{"prompt": "a"}\n{"text": "b"}\n', "line 2: needs a 'prompt' string"),
+        (
+            "p.jsonl",
+            '{"prompt": "a"}\n{"text": "b"}\n',
+            "line 2: needs a non-empty string field 'prompt'",
+        ),
         ("p.jsonl", "{not json\n", "line 1: not valid JSON"),
         ("p.txt", "\n\n", "no prompts in it"),
     ],

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from specdec.config import DEFAULT_MAX_ROWS, VERIFICATIONS, SamplingParams, SpecConfig
 from specdec.heads import command as heads_command
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES, ModelError
-from specdec.prompting import encode_prompt
+from specdec.prompting import encode_prompt, read_prompt_file
 from specdec.runtime import HELP as RUNTIME_HELP
 from specdec.runtime import parse_runtime, runtime_value
 
@@ -757,7 +757,6 @@ def _cost(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
     from specdec.cli_output import print_tune, progress_bar
@@ -770,15 +769,11 @@ def _tune(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     if args.prompts:
-        path = Path(args.prompts)
-        if not path.is_file():
+        if not Path(args.prompts).is_file():
             raise UsageError(f"not a file: {args.prompts}")
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        if path.suffix == ".jsonl":
-            rows = [json.loads(line) for line in lines]
-            items = [(row["prompt"], row.get("template", "auto")) for row in rows]
-        else:
-            items = [(line.replace("\\n", "\n"), "auto") for line in lines]
+        items = [
+            (line.prompt, line.template) for line in read_prompt_file(args.prompts, "--prompts")
+        ]
     else:
         from specdec.bench.harness import load_workloads
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
 CODE_STARTS = (
     "def ",
     "class ",
@@ -51,3 +55,58 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of a conversation, ending with the assistant's turn prompt."""
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+@dataclass(frozen=True)
+class PromptLine:
+    """One prompt of a prompt file: its line number, text, template and id (if given)."""
+
+    number: int
+    prompt: str
+    template: str
+    id: str | None
+
+
+def read_prompt_file(
+    path: str | Path,
+    flag: str,
+    default_template: str = "auto",
+    templates: tuple[str, ...] = ("raw", "chat", "auto"),
+    json_lines_only: bool = False,
+) -> list[PromptLine]:
+    """The prompts of a file given with ``flag``: JSON lines (``prompt``, required;
+    ``template``, one of ``templates``; ``id``) for a .jsonl file, or for any file when
+    ``json_lines_only``; else one prompt a line, ``\\n`` for a newline. Empty lines are
+    skipped; a bad line is a ValueError naming the flag, the file and the line."""
+    file = Path(path)
+    try:
+        lines = file.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{flag} {path}: cannot read it ({error})") from None
+    json_lines = json_lines_only or file.suffix == ".jsonl"
+    prompts = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if not json_lines:
+            prompts.append(PromptLine(number, line.replace("\\n", "\n"), default_template, None))
+            continue
+        where = f"{flag} {path}, line {number}"
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise ValueError(f"{where}: not valid JSON") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
+            raise ValueError(f"{where}: needs a non-empty string field 'prompt'")
+        template = row.get("template", default_template)
+        if template not in templates:
+            raise ValueError(
+                f"{where}: template must be {' or '.join(templates)}, got {template!r}"
+            )
+        found_id = row.get("id")
+        prompts.append(
+            PromptLine(number, row["prompt"], template, None if found_id is None else str(found_id))
+        )
+    if not prompts:
+        raise ValueError(f"{flag} {path}: no prompts in it")
+    return prompts

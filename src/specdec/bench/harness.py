@@ -16,7 +16,7 @@ from importlib import resources
 from specdec.bench.systems import RunOutput
 from specdec.config import SamplingParams
 from specdec.metrics import SpecStats
-from specdec.prompting import encode_prompt
+from specdec.prompting import encode_prompt, read_prompt_file
 
 WORKLOADS = ("code", "edit", "summary", "chat")
 
@@ -48,28 +48,14 @@ def load_workload_file(path: str, per_workload: int | None = None) -> list[Promp
     their line number. The workload is named after the file."""
     from pathlib import Path
 
-    file = Path(path)
-    try:
-        lines = file.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"--workload-file {path}: cannot read it ({error})") from None
-    items = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"--workload-file {path}, line {number}"
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise ValueError(f"{where}: not valid JSON") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
-            raise ValueError(f"{where}: needs a non-empty string field 'prompt'")
-        template = row.get("template", "raw")
-        if template not in ("raw", "chat"):
-            raise ValueError(f"{where}: template must be raw or chat, got {template!r}")
-        items.append(PromptItem(str(row.get("id", number)), file.stem, template, row["prompt"]))
-    if not items:
-        raise ValueError(f"--workload-file {path}: no prompts in it")
+    lines = read_prompt_file(
+        path, "--workload-file", "raw", templates=("raw", "chat"), json_lines_only=True
+    )
+    workload = Path(path).stem
+    items = [
+        PromptItem(line.id or str(line.number), workload, line.template, line.prompt)
+        for line in lines
+    ]
     return items[:per_workload]
 
 

@@ -99,27 +99,9 @@ def stream_chunks(documents: Iterable[list[int]], length: int) -> Iterator[list[
 def read_prompts(path: Path) -> list[str]:
     """Prompts from a .jsonl file (a "prompt" field a line) or a text file (one a line,
     \\n for a newline); bad lines are named."""
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"--chat-prompts {path}: cannot read it ({error})") from None
-    prompts = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        if path.suffix != ".jsonl":
-            prompts.append(line.replace("\\n", "\n"))
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise ValueError(f"--chat-prompts {path}, line {number}: not valid JSON") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
-            raise ValueError(f"--chat-prompts {path}, line {number}: needs a 'prompt' string")
-        prompts.append(row["prompt"])
-    if not prompts:
-        raise ValueError(f"--chat-prompts {path}: no prompts in it")
-    return prompts
+    from specdec.prompting import read_prompt_file
+
+    return [line.prompt for line in read_prompt_file(path, "--chat-prompts")]
 
 
 def replies(
