@@ -105,6 +105,10 @@ def test_system_names_parse_drafter_k_and_runtime():
     assert reference_of("openvino-int4-model", ["plain", "openvino-int4"], "int8") == (
         "openvino-int4"
     )
+    assert reference_of("onnx-int4-lookup", ["plain", "onnx-int4"], "int8") == "onnx-int4"
+    assert reference_of("onnx-int4-model", ["plain"], "int8") == "plain"  # no onnx-int4 run
+    assert "ONNX Runtime GenAI" in describe("onnx-int4-model")
+    assert make_system("onnx-int4-model", pool).needs == set()  # it runs its own models
 
     with pytest.raises(ValueError, match="needs --ngram-model"):
         make_system("ngram-k4", pool)

@@ -62,7 +62,9 @@ def add_parser(commands) -> None:
         "own loop), llamacpp-lookup (its own loop with its prompt-lookup speculation), "
         "openvino and openvino-lookup (OpenVINO GenAI on the target's GGUF, the peers extra), "
         "openvino-int4 and openvino-int4-model (the pair exported by "
-        "bench/openvino_export.sh; with the 0.5B draft), "
+        "bench/openvino_export.sh; with the 0.5B draft), onnx-int4, onnx-int4-lookup and "
+        "onnx-int4-model (ONNX Runtime GenAI: plain, its n-gram speculation, the 0.5B draft; "
+        "the pair converted once by its model builder, the peers extra), "
         "and DRAFTER-kN or DRAFTER-auto with DRAFTER one of model, lookup, "
         "ngram, lookup+model, lookup+ngram. Each may end in @RUNTIME: a transformers "
         "dtype (int8, bfloat16, float32) or a llama.cpp GGUF type (q4_k_m, q8_0, q4_0, "
@@ -158,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
             sampled_identity=args.verification != "rejection",
         )
     rows = summarize(runs)
+    for name, system in systems.items():  # a peer's conversion and load, known once it ran
+        if getattr(system, "setup_note", ""):
+            descriptions[name] += f" ({system.setup_note})"
     distribution = {}
     if not params.greedy:
         distribution = _distribution_tests(systems, runs, pool, items, params, args.dtype)
@@ -245,9 +250,32 @@ def _pool(args: argparse.Namespace) -> tuple[ModelPool, str]:
 
         return exported_dir(cache_root(args.cache_dir), specs[role])
 
+    def onnx_dir(role: str):
+        from specdec.bench.onnxgenai import converted_dir, pair_dir
+        from specdec.models import CATALOG, cache_root, ensure_converted, lookup
+
+        root = cache_root(args.cache_dir)
+        converted = {}
+        for each in ("target", "draft") if role == "pair" else ("target",):
+            if specs[each] not in CATALOG:
+                raise ValueError(f"{specs[each]!r} is not a catalog model: nothing to convert")
+            entry = lookup(specs[each])
+            converted[each] = converted_dir(root, entry.name, ensure_converted(entry, root))
+        if role == "target":
+            return converted["target"]
+        notes = "; ".join(f"{each} {note}" for each, (_, note) in converted.items())
+        return pair_dir(root, converted["target"][0], converted["draft"][0]), notes
+
     tokenizer = load_tokenizer(args.target, args.cache_dir)
     pool = ModelPool(
-        tokenizer, load_hf, load_gguf, gguf_file, openvino_dir, args.cache_dir, args.target
+        tokenizer,
+        load_hf,
+        load_gguf,
+        gguf_file,
+        openvino_dir,
+        args.cache_dir,
+        args.target,
+        onnx_dir=onnx_dir,
     )
     return pool, args.target
 

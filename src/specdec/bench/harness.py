@@ -149,7 +149,7 @@ def _comparable(
     distribution is the target's (``bench/distribution.py``)."""
     if params.greedy:
         return True
-    both_specdec = out.stats is not None and reference.stats is not None
+    both_specdec = not (out.peer or reference.peer) and None not in (out.stats, reference.stats)
     return sampled_identity and params.seed is not None and both_specdec
 
 

@@ -37,8 +37,10 @@ def markdown_table(rows: list[dict], descriptions: dict[str, str]) -> str:
     lines.append(
         "\\* identical: the same tokens as the plain run on the system's own target runtime "
         "(`plain@RUNTIME`) when the run has one, else as `plain`; runtimes round differently. "
-        "A peer's own speculation (`llamacpp-lookup`, `openvino-lookup`) is judged against "
-        "that peer's own plain run (`llamacpp`, `openvino`) when the run has it. Sampled with a "
+        "A peer's own speculation (`llamacpp-lookup`, `openvino-lookup`, `onnx-int4-model`, "
+        "...) is judged against that peer's own plain run (`llamacpp`, `openvino`, "
+        "`onnx-int4`) when the run has it; a peer's acceptance is from its own counters where "
+        "it exposes them (ONNX Runtime GenAI does). Sampled with a "
         "seed, specdec systems verify with coupled randomness (unless `--verification "
         "rejection`), so their text must equal specdec plain's; peers and rejection-sampled "
         "runs are not compared by text (n/a); sampled specdec runs are tested against the "

@@ -19,6 +19,9 @@ import torch
 
 from specdec.backends.base import Backend
 from specdec.backends.hf import HFModel
+from specdec.bench.onnxgenai import OWN_PLAIN as ONNX_OWN_PLAIN
+from specdec.bench.onnxgenai import SYSTEMS as ONNX_SYSTEMS
+from specdec.bench.onnxgenai import OnnxGenAISystem
 from specdec.bench.openvino import OWN_PLAIN as OPENVINO_OWN_PLAIN
 from specdec.bench.openvino import SYSTEMS as OPENVINO_SYSTEMS
 from specdec.bench.openvino import OpenVinoSystem
@@ -37,7 +40,8 @@ if TYPE_CHECKING:
 class RunOutput:
     token_ids: list[int]
     seconds: float
-    stats: dict | None  # SpecStats.to_dict() for specdec systems, None for peers
+    stats: dict | None  # SpecStats.to_dict(): specdec systems, and peers that count their own
+    peer: bool = False  # another engine's run: its sampler draws differently from ours
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,10 @@ class ModelPool:
         openvino_dir: Callable | None = None,
         cache_dir: str | None = None,
         target_name: str = "target",
+        onnx_dir: Callable | None = None,
     ):
         self.tokenizer = tokenizer
+        self._onnx_dir = onnx_dir  # "target" | "pair" -> (converted ONNX directory, note)
         self._load_hf, self._load_gguf = load_hf, load_gguf
         self._gguf_file = gguf_file  # role -> the catalog's GGUF path, for peers that read it
         self._openvino_dir = openvino_dir  # role -> the exported OpenVINO IR directory
@@ -120,6 +126,11 @@ class ModelPool:
         if self._openvino_dir is None:
             raise ValueError("this system reads exported OpenVINO models: use catalog models")
         return self._openvino_dir(role)
+
+    def onnx_dir(self, role: str):
+        if self._onnx_dir is None:
+            raise ValueError("this system converts catalog models to ONNX: use catalog models")
+        return self._onnx_dir(role)
 
     def load(self, needs: set[tuple[str, str]]) -> None:
         for role, runtime in sorted(needs):
@@ -224,7 +235,7 @@ class HFGenerateSystem:
             **kwargs,
         )
         seconds = time.perf_counter() - started
-        return RunOutput(out[0, len(prompt_ids) :].tolist(), seconds, None)
+        return RunOutput(out[0, len(prompt_ids) :].tolist(), seconds, None, peer=True)
 
 
 class LlamaCppSystem:
@@ -297,7 +308,7 @@ def _llama_generate(model, llama, prompt_ids: list[int], params: SamplingParams)
             break
     seconds = time.perf_counter() - started
     model.truncate(0)  # generate moved llama.cpp's state under the backend: start clean
-    return RunOutput(token_ids, seconds, None)
+    return RunOutput(token_ids, seconds, None, peer=True)
 
 
 LLAMACPP_LOOPS = {
@@ -340,6 +351,8 @@ def describe(name: str, default_runtime: str = "int8") -> str:
         return "specdec, target alone" + where
     if base in OPENVINO_SYSTEMS:
         return OPENVINO_SYSTEMS[base]
+    if base in ONNX_SYSTEMS:
+        return ONNX_SYSTEMS[base]
     if base in LLAMACPP_LOOPS:
         return (
             f"llama.cpp's own generate loop{LLAMACPP_LOOPS[base]}, the target's GGUF "
@@ -375,6 +388,8 @@ def make_system(
     if base in OPENVINO_SYSTEMS:
         model_file = pool.openvino_dir if "int4" in base else pool.gguf_file
         return OpenVinoSystem(name, model_file)
+    if base in ONNX_SYSTEMS:
+        return OnnxGenAISystem(name, pool.onnx_dir)
     if base in PEERS:
         return HFGenerateSystem(name, pool, runtime, **PEERS[base][1])
     drafter, _, k_text = base.rpartition("-")
@@ -383,7 +398,7 @@ def make_system(
     ):
         raise ValueError(
             f"unknown system {name!r}; use plain, {', '.join(LLAMACPP_LOOPS)}, "
-            f"{', '.join(OPENVINO_SYSTEMS)}, "
+            f"{', '.join(OPENVINO_SYSTEMS)}, {', '.join(ONNX_SYSTEMS)}, "
             f"{', '.join(PEERS)}, or DRAFTER-kN / "
             f"DRAFTER-auto with DRAFTER one of {', '.join(DRAFTER_NAMES)}; each may end "
             "in @RUNTIME"
@@ -412,7 +427,7 @@ def reference_of(name: str, names: list[str], default_runtime: str) -> str:
     Token identity is judged against it: different runtimes round differently. llama.cpp's
     own speculation is judged against llama.cpp's own plain loop, when the run has it."""
     base, runtime_of_name = split_name(name, default_runtime)
-    own_plain = {"llamacpp-lookup": "llamacpp", **OPENVINO_OWN_PLAIN}.get(base)
+    own_plain = {"llamacpp-lookup": "llamacpp", **OPENVINO_OWN_PLAIN, **ONNX_OWN_PLAIN}.get(base)
     for other in names if own_plain else []:
         other_base, other_runtime = split_name(other, default_runtime)
         if other_base == own_plain and other_runtime == runtime_of_name:
