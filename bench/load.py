@@ -1,12 +1,14 @@
 """Continuous batching under load: `specdec serve` on the real default pair, 1 to 16 clients.
 
 python bench/load.py [--concurrency 2,4,8,16] [--workloads code,chat] [--max-tokens 48]
-                     [--modes batched,turns] [--out bench/results/DIR]
+                     [--modes batched,batched-no-prefix,turns] [--out bench/results/DIR]
 
 Each mode is one `specdec serve --max-active 16` process (int8 pair, the default drafter,
 k auto): `batched` as shipped (one target pass per step for every active request, the draft
-passes batched too), `turns` with --no-batching (requests take turns, one round each: the
-behaviour before continuous batching). After a warm-up request, each workload's prompts are
+passes batched too, a prompt prefix another request's cache holds copied),
+`batched-no-prefix` with --no-prefix-sharing (every prompt computed in full), `turns` with
+--no-batching (requests take turns, one round each: the behaviour before continuous
+batching). After a warm-up request, each workload's prompts are
 sent one at a time (the solo runs: per-request reference text and speed), then, for each
 concurrency N, N streaming clients (the official openai client, greedy) each send one
 prompt (the workload's prompts in turn) at the same moment. Reported per row: aggregate
@@ -35,7 +37,11 @@ from specdec.doctor import cpu_name
 
 PORT = 8791
 MODEL = "qwen2.5-coder-1.5b-instruct"
-MODES = {"batched": [], "turns": ["--no-batching"]}
+MODES = {
+    "batched": [],
+    "batched-no-prefix": ["--no-prefix-sharing"],
+    "turns": ["--no-batching"],
+}
 
 
 def workload(name: str) -> list[dict]:

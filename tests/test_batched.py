@@ -55,6 +55,59 @@ def test_each_sequence_gets_its_logits_and_features_alone_bit_for_bit(int8_model
         assert torch.equal(sequence.hidden_states(), model.hidden_states())
 
 
+def test_a_shared_prefix_is_copied_not_computed_and_gives_the_same_bits(int8_model):
+    """B's prompt begins like A's: syncing B copies A's keys and values for the common part
+    and computes only the rest; every later row equals a sequence that computed it all,
+    features included; A changing afterwards leaves B alone."""
+    from specdec.backends.base import sync_cache
+
+    batched = BatchedModel(int8_model)
+    shared = ids(30, 12)
+    a, b = batched.sequence(), batched.sequence()
+    fresh = backend(int8_model)
+    for model in (a, b, fresh):
+        model.keep_hidden_states()
+    sync_cache(a, shared + ids(31, 5))
+    assert batched.reused_tokens == 0  # nothing to copy from yet
+    computed = []
+    forward = b.forward
+    b.forward = lambda tokens, last_only=False: (
+        computed.append(list(tokens)) or forward(tokens, last_only)
+    )
+    prompt_b = shared + ids(32, 4)
+    assert sync_cache(b, prompt_b)
+    assert computed == [prompt_b[12:]] and batched.reused_tokens == 12
+    fresh.forward(prompt_b, last_only=True)
+    a.truncate(3)  # the donor moves on; B holds its own copy
+    a.forward(ids(33, 6))
+    block = ids(34, 5)
+    assert torch.equal(b.forward(block), fresh.forward(block))
+    assert list(b.cached_token_ids) == list(fresh.cached_token_ids)
+    assert torch.equal(b.hidden_states(), fresh.hidden_states())
+    # a donor that kept no features cannot serve one that needs them
+    other = BatchedModel(int8_model)
+    c, d = other.sequence(), other.sequence()
+    sync_cache(c, shared)
+    d.keep_hidden_states()
+    assert d.reuse_prefix(shared) == 0 and other.sequence().reuse_prefix(shared) == 12
+
+
+def test_a_finished_sequence_stays_a_donor_for_a_while(int8_model):
+    batched = BatchedModel(int8_model)
+    first = batched.sequence()
+    first.forward(ids(40, 10), last_only=True)
+    del first  # its request ended
+    later = batched.sequence()
+    assert later.reuse_prefix(ids(40, 10) + [3]) == 10
+    for _ in range(BatchedModel.RECENT + 1):
+        batched.sequence()  # newer requests push it out
+    del later
+    import gc
+
+    gc.collect()
+    assert batched.sequence().reuse_prefix(ids(40, 10)) == 0
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3, 4, 8])
 def test_a_batch_equals_each_sequence_alone_at_real_layer_sizes(threads):
     """Hidden 1536, intermediate 8960; 4 sequences, blocks of 1, 3, 5 and 9 tokens."""

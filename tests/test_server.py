@@ -280,6 +280,9 @@ def test_sixteen_parallel_streams_each_equal_their_request_alone(server, models)
         )
         total = next(line for line in lines if line.startswith("specdec_batch_requests_count"))
         assert float(single.split()[-1]) < float(total.split()[-1])
+        # "parallel " begins every prompt: later requests copied it from earlier ones' caches
+        reused = next(line for line in lines if line.startswith("specdec_prefix_reused_tokens_"))
+        assert float(reused.split()[-1]) > 0
 
 
 def test_a_full_queue_answers_503_and_a_disconnect_frees_the_slot(models):

@@ -202,6 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests take turns, a round each, even on int8 (for comparison)",
     )
     serve.add_argument(
+        "--no-prefix-sharing",
+        dest="prefix_sharing",
+        action="store_false",
+        help="batched runtime: compute every prompt in full, even the part another request's "
+        "cache already holds (by default a shared prefix, such as a chat template's system "
+        "prompt, is copied: the same bits, less prefill)",
+    )
+    serve.add_argument(
         "--max-queue", type=int, default=16, help="requests that may wait (default: 16)"
     )
     serve.add_argument(
@@ -853,6 +861,7 @@ def _server_config(args: argparse.Namespace, threads: int | None):
         max_queue=args.max_queue,
         max_rows=args.max_rows,
         batching=args.batching,
+        prefix_sharing=args.prefix_sharing,
         threads=threads,
         limits=limits,
         api_key=args.api_key or os.environ.get("SPECDEC_API_KEY") or None,

@@ -53,8 +53,12 @@ def common_prefix_length(cached: Sequence[int], tokens: Sequence[int]) -> int:
 def sync_cache(backend: Backend, tokens: Sequence[int]) -> bool:
     """Make the cache hold exactly ``tokens``: keep the prefix it shares with them, feed the
     rest. Returns whether a forward pass ran."""
-    keep = common_prefix_length(backend.cached_token_ids, tokens)
-    backend.truncate(keep)
+    reuse = getattr(backend, "reuse_prefix", None)  # a backend that can copy a shared prefix
+    if reuse is not None:
+        keep = reuse(tokens)
+    else:
+        keep = common_prefix_length(backend.cached_token_ids, tokens)
+        backend.truncate(keep)
     if keep == len(tokens):
         return False
     backend.forward(tokens[keep:], last_only=True)

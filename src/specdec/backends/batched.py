@@ -13,10 +13,18 @@ gets the same logits, bit for bit, in a batch of any company as alone, and as fr
 ``HFModel`` over the same model (``tests/test_batched.py``). Only the int8 runtime with
 fused Llama-family layers (``backends/int8_fused.py``) is supported; ``supports(model)``
 says whether a model is. If a pass fails, every sequence is cut back to what it held.
+
+Shared prefixes (``ModelSequence.reuse_prefix``): a new sequence whose tokens begin like
+another's (a chat template's system prompt, a shared instruction) copies that sequence's keys
+and values for the common prefix instead of computing them. Since every row is computed as
+it would be alone, those are the very bits its own prefill would give. The sequences alive,
+and the few most recently made, are the donors.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +76,12 @@ class LayerCache:
         if self.keys is not None and self.values is not None:
             self.keys, self.values = self.keys[..., :n, :], self.values[..., :n, :]
 
+    def copy_prefix(self, donor: LayerCache, n: int) -> None:
+        """Hold the first ``n`` positions of ``donor`` (a copy: the donor goes on changing)."""
+        assert donor.keys is not None and donor.values is not None, "the donor holds n > 0"
+        self.keys = donor.keys[..., :n, :].contiguous().clone()
+        self.values = donor.values[..., :n, :].contiguous().clone()
+
 
 class ModelSequence:
     """A ``Backend`` over one token sequence of a ``BatchedModel``: its own KV cache (and
@@ -116,6 +130,31 @@ class ModelSequence:
             layer.crop(n)
         del self._ids[n:]
 
+    def reuse_prefix(self, token_ids: Sequence[int]) -> int:
+        """Make the cache hold the longest prefix of ``token_ids`` that it or another
+        sequence of the same model holds, copying it from that sequence when that is longer
+        than what this one holds; returns its length. Bit for bit what a prefill of those
+        tokens would give (every row is computed as alone)."""
+        from specdec.backends.base import common_prefix_length
+
+        best, donor = common_prefix_length(self._ids, token_ids), None
+        for other in self.batched.donors():
+            if other is self or (self._hidden is not None and other._hidden is None):
+                continue  # a sequence that keeps features needs a donor that kept them too
+            length = common_prefix_length(other._ids, token_ids)
+            if length > best:
+                best, donor = length, other
+        if donor is None:
+            self.truncate(best)
+            return best
+        for mine, theirs in zip(self.layers, donor.layers, strict=True):
+            mine.copy_prefix(theirs, best)
+        self._ids[:] = donor._ids[:best]
+        if self._hidden is not None and donor._hidden is not None:
+            self._hidden = donor._hidden[:best].clone()
+        self.batched.reused_tokens += best
+        return best
+
     def _commit(self, token_ids: list[int], features: torch.Tensor) -> None:
         start, end = len(self._ids), len(self._ids) + len(token_ids)
         if self._hidden is not None:
@@ -158,7 +197,7 @@ class BatchedModel:
     >>> logits_a, logits_b = batched.forward_many(work)  # doctest: +SKIP
     """
 
-    def __init__(self, model: Any, tokenizer: Any | None = None):
+    def __init__(self, model: Any, tokenizer: Any | None = None, share_prefixes: bool = True):
         if not supports(model):
             raise ValueError(
                 f"{type(model).__name__}: batched decoding needs the int8 runtime and "
@@ -174,9 +213,25 @@ class BatchedModel:
         self.vocab_size = int(model.get_output_embeddings().out_features)
         self.eos_token_ids = frozenset(_eos_token_ids(model, tokenizer))
         self.max_length = getattr(model.config, "max_position_embeddings", None)
+        self._alive: weakref.WeakSet[ModelSequence] = weakref.WeakSet()
+        self.share_prefixes = share_prefixes
+        self._recent: deque[ModelSequence] = deque(maxlen=self.RECENT if share_prefixes else 0)
+        self.reused_tokens = 0  # prompt tokens copied from another sequence instead of computed
+
+    RECENT = 4  # finished sequences kept as prefix donors (their caches stay in memory)
 
     def sequence(self) -> ModelSequence:
-        return ModelSequence(self)
+        made = ModelSequence(self)
+        self._alive.add(made)
+        self._recent.append(made)
+        return made
+
+    def donors(self) -> list[ModelSequence]:
+        """The sequences whose caches a new one may copy a prefix from (none when prefix
+        sharing is off)."""
+        if not self.share_prefixes:
+            return []
+        return [seq for seq in list(self._alive) if seq.cached_token_ids]
 
     def forward_many(self, work: Sequence[Work]) -> list[torch.Tensor]:
         """Append each sequence's tokens to its cache; each gets logits  # [len(tokens),

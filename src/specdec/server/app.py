@@ -80,6 +80,7 @@ def create_app(
     metrics = ServerMetrics(replica)
     scheduler.on_queue_change = metrics.set_queue
     scheduler.on_batched_pass = metrics.batch_requests.observe
+    scheduler.on_prefix_reused = metrics.prefix_reused.inc
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

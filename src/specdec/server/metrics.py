@@ -52,6 +52,13 @@ class ServerMetrics:
             registry=r,
         )
 
+        self.prefix_reused = Counter(
+            "specdec_prefix_reused_tokens",
+            "prompt tokens of the target whose keys and values were copied from another "
+            "request's cache (a shared prefix) instead of computed",
+            registry=r,
+        )
+
         if replica is not None:
             info = Gauge("specdec_replica_info", "which replica answered", ["replica"], registry=r)
             info.labels(replica).set(1)

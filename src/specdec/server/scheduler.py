@@ -71,18 +71,22 @@ class Scheduler:
         heads: dict | None = None,
         max_rows: int = DEFAULT_MAX_ROWS,
         batching: bool = True,
+        prefix_sharing: bool = True,
     ):
         """``heads``: loaded ``specdec.heads.load.Heads`` by kind (medusa, eagle) for the
         target model; each request gets its own drafter over its own backend.
         ``max_rows``: the rows one batched target pass may score. ``batching=False``:
-        requests take turns even on the int8 runtime (for comparison)."""
+        requests take turns even on the int8 runtime (for comparison). ``prefix_sharing``:
+        batched requests copy a prompt prefix another one's cache holds."""
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.batched = (
-            BatchedModel(target_model, tokenizer) if batching and supports(target_model) else None
+            BatchedModel(target_model, tokenizer, prefix_sharing)
+            if batching and supports(target_model)
+            else None
         )
         # The draft model's passes of all requests run as one too (engine.step_together).
         self.draft_batched = (
-            BatchedModel(draft_model)
+            BatchedModel(draft_model, share_prefixes=prefix_sharing)
             if self.batched is not None and draft_model is not None and supports(draft_model)
             else None
         )
@@ -92,6 +96,7 @@ class Scheduler:
         self.max_active, self.max_queue = max_active, max_queue
         self.on_queue_change = on_queue_change or (lambda waiting, active: None)
         self.on_batched_pass: Callable[[int], None] = lambda requests: None
+        self.on_prefix_reused: Callable[[int], None] = lambda tokens: None
         self.controllers: dict[str, AdaptiveK] = {}
         self._pending: collections.deque[Job] = collections.deque()
         self._active: list[_Active] = []
@@ -212,9 +217,11 @@ class Scheduler:
 
     def _step_batched(self, entries: list[_Active]) -> None:
         """One round of every active job in one target pass; a job joining now is prefilled
-        first (alone: its prompt is one pass)."""
+        first (alone: its prompt is one pass, less any prefix another request's cache holds,
+        which is copied: ``ModelSequence.reuse_prefix``)."""
         assert self.batched is not None, "only with a batched model"
         jobs, runs = [], []
+        reused = self.batched.reused_tokens
         for entry in entries:
             if entry.job.cancelled.is_set():
                 self._release(entry.job)
@@ -229,6 +236,8 @@ class Scheduler:
                     continue
             jobs.append(entry.job)
             runs.append(entry.run)
+        if self.batched.reused_tokens > reused:
+            self.on_prefix_reused(self.batched.reused_tokens - reused)
         if not runs:
             return
         results = step_together(runs, self.batched.forward_many, self.max_rows)

@@ -29,6 +29,7 @@ class ServerConfig:
     max_queue: int = 16
     max_rows: int = DEFAULT_MAX_ROWS  # rows one batched target pass may score
     batching: bool = True  # int8: one target pass per step for every active request
+    prefix_sharing: bool = True  # batched: copy a prompt prefix another request's cache holds
     threads: int | None = None  # torch threads (None: torch's default)
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = None
@@ -65,6 +66,7 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
         heads=load_trained_heads(target, config.cache_dir, config.target, default_drafter),
         max_rows=config.max_rows,
         batching=config.batching,
+        prefix_sharing=config.prefix_sharing,
     )
     scheduler.default_drafter = default_drafter
     return scheduler
