@@ -146,3 +146,65 @@ def test_llamacpp_lookup_system_decodes_what_llamacpp_decodes(model, tmp_path):
     rows = json.loads((out / "results.json").read_text())["summary"]
     lookup = next(row for row in rows if row["system"] == "llamacpp-lookup")
     assert lookup["reference"] == "llamacpp" and lookup["identical"] == 1.0
+
+
+def test_sequences_share_the_weights_and_keep_their_own_caches(model):
+    """Each sequence has its own context over the one loaded model: interleaved passes and
+    rollbacks in one leave the other alone, and each gets the logits the model's own context
+    gives for the same tokens; a finished sequence's context serves the next one, emptied."""
+    a_text = ids(model, "def fib(n):\n    if n < 2:")
+    b_text = ids(model, "The quick brown fox")
+    model.truncate(0)
+    alone_a = model.forward(a_text)
+    alone_a_next = model.forward(ids(model, " return n"))
+    model.truncate(0)
+    alone_b = model.forward(b_text, last_only=True)
+    first, second = model.sequence(), model.sequence()
+    assert torch.equal(first.forward(a_text), alone_a)
+    assert torch.equal(second.forward(b_text, last_only=True), alone_b)
+    first.forward(ids(model, " something else"))
+    first.truncate(len(a_text))  # a rejected block rolled back
+    assert torch.equal(first.forward(ids(model, " return n")), alone_a_next)
+    assert list(second.cached_token_ids) == b_text
+    contexts = len(model._free)
+    del first
+    assert len(model._free) == contexts + 1
+    third = model.sequence()
+    assert len(model._free) == contexts and not third.cached_token_ids
+    assert torch.equal(third.forward(a_text), alone_a)
+
+
+def test_the_server_decodes_each_request_on_its_own_llamacpp_sequence(model):
+    """serve --target-runtime llamacpp: concurrent requests, each on a context of its own,
+    each gives what the engine gives for it alone (the same k)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from test_server import MODEL, Running
+
+    running = Running(model, model, model.tokenizer, max_active=4)
+    try:
+        assert running.scheduler.batched is None and running.scheduler.max_length == 8192
+        prompts = ["def is_prime(n):", "Name three colours:", "import os\nimport", "SELECT"]
+
+        def one(prompt):
+            client = openai.OpenAI(base_url=running.url + "/v1", api_key="x", max_retries=0)
+            result = client.completions.create(
+                model=MODEL,
+                prompt=prompt,
+                max_tokens=16,
+                temperature=0,
+                extra_body={"num_speculative_tokens": 3},
+            )
+            return result.choices[0].text
+
+        with ThreadPoolExecutor(4) as pool:
+            texts = list(pool.map(one, prompts))
+    finally:
+        running.close()
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    for prompt, text in zip(prompts, texts, strict=True):
+        engine = Engine(model.sequence(), ModelDrafter(model.sequence()))
+        expected = engine.generate(model.tokenizer.encode(prompt), params, SpecConfig(k=3))
+        assert text == expected.text, prompt

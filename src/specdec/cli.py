@@ -183,6 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="int8",
         help="runtime of both models (default: int8)",
     )
+    for role in ("target", "draft"):
+        serve.add_argument(
+            f"--{role}-runtime",
+            type=runtime_value,
+            metavar="RUNTIME",
+            help=f"runtime of the {role}: {RUNTIME_HELP} (default: --dtype). Requests are "
+            "batched only when the target runs on int8; on llama.cpp each request gets a "
+            "context of its own over the one loaded model",
+        )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument(
@@ -854,6 +863,8 @@ def _server_config(args: argparse.Namespace, threads: int | None):
         target=args.target,
         draft=args.draft,
         dtype=args.dtype,
+        target_runtime=args.target_runtime,
+        draft_runtime=args.draft_runtime,
         cache_dir=args.cache_dir,
         drafter=args.drafter,
         k=args.k,

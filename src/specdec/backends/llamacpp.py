@@ -9,6 +9,7 @@ first removes the KV cells beyond it (``llama_memory_seq_rm``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,8 +50,51 @@ class LlamaCppTokenizer:
         )
 
 
-class LlamaCppModel:
-    """A GGUF model on llama.cpp, one sequence, its KV cache extended and cut back in place."""
+class _LlamaCppCache:
+    """One llama.cpp context: a sequence's KV cache, extended and cut back in place."""
+
+    def __init__(self, ctx, batch, n_batch: int, vocab_size: int):
+        self._ctx, self._batch, self._n_batch = ctx, batch, n_batch
+        self.vocab_size = vocab_size
+        self._cached_ids: list[int] = []
+
+    @property
+    def cached_token_ids(self) -> Sequence[int]:
+        return self._cached_ids
+
+    def forward(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
+        """One ``llama_decode`` per batch of up to n_batch tokens, logits for every position
+        (a verify pass) or only the last (a prefill or a draft step)."""
+        assert len(token_ids) > 0, "forward needs at least one token"
+        ids = [int(t) for t in token_ids]
+        ctx, n_past = self._ctx, len(self._cached_ids)
+        ctx.kv_cache_seq_rm(-1, n_past, -1)  # what truncate left in the cache goes now
+        rows = []
+        for start in range(0, len(ids), self._n_batch):
+            chunk = ids[start : start + self._n_batch]
+            self._batch.set_batch(batch=chunk, n_past=n_past, logits_all=not last_only)
+            ctx.decode(self._batch)
+            if not last_only or start + self._n_batch >= len(ids):
+                n_out = 1 if last_only else len(chunk)
+                logits = np.ctypeslib.as_array(ctx.get_logits(), shape=(n_out * self.vocab_size,))
+                rows.append(logits.reshape(n_out, self.vocab_size).copy())
+            n_past += len(chunk)
+        self._cached_ids.extend(ids)
+        self._forwarded(ids, n_past)
+        return torch.from_numpy(np.concatenate(rows))
+
+    def _forwarded(self, ids: list[int], n_past: int) -> None:
+        pass
+
+    def truncate(self, n: int) -> None:
+        assert 0 <= n <= len(self._cached_ids), f"cannot keep {n} of {len(self._cached_ids)}"
+        del self._cached_ids[n:]  # the next forward drops the cells beyond n
+
+
+class LlamaCppModel(_LlamaCppCache):
+    """A GGUF model on llama.cpp, one sequence, its KV cache extended and cut back in place.
+    ``sequence()`` gives more sequences over the same loaded weights (a server's requests),
+    each with a context of its own."""
 
     def __init__(
         self,
@@ -77,41 +121,53 @@ class LlamaCppModel:
             logits_all=False,
             verbose=False,
         )
-        self.vocab_size = int(self.llama.n_vocab())
+        super().__init__(
+            self.llama._ctx, self.llama._batch, self.llama.n_batch, int(self.llama.n_vocab())
+        )
         self.tokenizer = tokenizer or LlamaCppTokenizer(self.llama)
         self.eos_token_ids = frozenset({int(self.llama.token_eos()), *eos_token_ids})
-        self.max_length = n_ctx
-        self._cached_ids: list[int] = []
+        self.max_length: int | None = n_ctx
+        self._free: list = []  # contexts of finished sequences, cleared, for the next ones
 
-    @property
-    def cached_token_ids(self) -> Sequence[int]:
-        return self._cached_ids
-
-    def forward(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
-        """One ``llama_decode`` per batch of up to n_batch tokens, logits for every position
-        (a verify pass) or only the last (a prefill or a draft step)."""
-        assert len(token_ids) > 0, "forward needs at least one token"
-        ids = [int(t) for t in token_ids]
-        llama, n_past = self.llama, len(self._cached_ids)
-        llama._ctx.kv_cache_seq_rm(-1, n_past, -1)  # what truncate left in the cache goes now
-        rows = []
-        for start in range(0, len(ids), llama.n_batch):
-            chunk = ids[start : start + llama.n_batch]
-            llama._batch.set_batch(batch=chunk, n_past=n_past, logits_all=not last_only)
-            llama._ctx.decode(llama._batch)
-            if not last_only or start + llama.n_batch >= len(ids):
-                n_out = 1 if last_only else len(chunk)
-                logits = np.ctypeslib.as_array(
-                    llama._ctx.get_logits(), shape=(n_out * self.vocab_size,)
-                )
-                rows.append(logits.reshape(n_out, self.vocab_size).copy())
-            n_past += len(chunk)
-        llama.input_ids[n_past - len(ids) : n_past] = ids  # llama-cpp-python's own bookkeeping
-        llama.n_tokens = n_past
-        self._cached_ids.extend(ids)
-        return torch.from_numpy(np.concatenate(rows))
+    def _forwarded(self, ids: list[int], n_past: int) -> None:
+        self.llama.input_ids[n_past - len(ids) : n_past] = ids  # llama-cpp-python's bookkeeping
+        self.llama.n_tokens = n_past
 
     def truncate(self, n: int) -> None:
-        assert 0 <= n <= len(self._cached_ids), f"cannot keep {n} of {len(self._cached_ids)}"
-        self.llama.n_tokens = n  # the next forward (or llama-cpp-python's eval) drops the rest
-        del self._cached_ids[n:]
+        super().truncate(n)
+        self.llama.n_tokens = n  # llama-cpp-python's own eval drops the rest too
+
+    def sequence(self) -> LlamaCppSequence:
+        """A new, empty sequence over these weights with a context (KV cache) of its own,
+        made like this model's (same window, threads and batch size); a finished
+        sequence's context is reused."""
+        return LlamaCppSequence(self)
+
+    def _context(self):
+        if self._free:
+            return self._free.pop()
+        from llama_cpp._internals import LlamaBatch, LlamaContext
+
+        llama = self.llama
+        ctx = LlamaContext(model=llama._model, params=llama.context_params, verbose=False)
+        batch = LlamaBatch(n_tokens=llama.n_batch, embd=0, n_seq_max=1, verbose=False)
+        return ctx, batch
+
+
+class LlamaCppSequence(_LlamaCppCache):
+    """One more sequence of a ``LlamaCppModel``: the same weights, its own context. Its
+    logits are what the model's own context gives for the same tokens (the same code and
+    settings; tested)."""
+
+    def __init__(self, model: LlamaCppModel):
+        self._model = model
+        self._owned = model._context()
+        ctx, batch = self._owned
+        ctx.kv_cache_clear()
+        super().__init__(ctx, batch, model._n_batch, model.vocab_size)
+        self.tokenizer, self.eos_token_ids = model.tokenizer, model.eos_token_ids
+        self.max_length: int | None = model.max_length
+
+    def __del__(self):
+        with contextlib.suppress(Exception):  # at interpreter shutdown there is no one to tell
+            self._model._free.append(self._owned)  # the context goes back for the next one

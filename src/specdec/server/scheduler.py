@@ -24,8 +24,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from specdec.backends.batched import BatchedModel, ModelSequence, supports
+from specdec.backends.base import Backend
+from specdec.backends.batched import BatchedModel, supports
 from specdec.backends.hf import HFModel
+from specdec.backends.llamacpp import LlamaCppModel
 from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK
 from specdec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
@@ -73,7 +75,9 @@ class Scheduler:
         batching: bool = True,
         prefix_sharing: bool = True,
     ):
-        """``heads``: loaded ``specdec.heads.load.Heads`` by kind (medusa, eagle) for the
+        """``target_model``, ``draft_model``: transformers modules or ``LlamaCppModel``s
+        (each request gets its own sequence of them). ``heads``: loaded
+        ``specdec.heads.load.Heads`` by kind (medusa, eagle) for the
         target model; each request gets its own drafter over its own backend.
         ``max_rows``: the rows one batched target pass may score. ``batching=False``:
         requests take turns even on the int8 runtime (for comparison). ``prefix_sharing``:
@@ -113,6 +117,8 @@ class Scheduler:
 
     @property
     def max_length(self) -> int | None:
+        if isinstance(self.target_model, LlamaCppModel):
+            return self.target_model.max_length
         return getattr(self.target_model.config, "max_position_embeddings", None)
 
     def start(self) -> None:
@@ -177,20 +183,20 @@ class Scheduler:
         if job.spec.adaptive:  # one controller per drafter recipe: what one request learns helps
             key = f"{job.drafter}/{job.spec.max_k}"
             controller = self.controllers.setdefault(key, AdaptiveK(max_k=job.spec.max_k))
-        target: HFModel | ModelSequence
-        if self.batched is not None:
-            target = self.batched.sequence()
-        else:
-            target = HFModel(self.target_model, self.tokenizer)
+        target = (
+            self.batched.sequence()
+            if self.batched is not None
+            else new_sequence(self.target_model, self.tokenizer)
+        )
         engine = Engine(target, self._drafter(job.drafter, target), controller)
         return engine.begin(job.prompt_ids, job.params, job.spec)
 
-    def _drafter(self, recipe: str, target: HFModel | ModelSequence) -> Drafter | None:
+    def _drafter(self, recipe: str, target: Backend) -> Drafter | None:
         factories: dict[str, Callable[[], Drafter]] = {"lookup": PromptLookupDrafter}
         if (draft_batched := self.draft_batched) is not None:
             factories["model"] = lambda: ModelDrafter(draft_batched.sequence())
         elif self.draft_model is not None:
-            factories["model"] = lambda: ModelDrafter(HFModel(self.draft_model))
+            factories["model"] = lambda: ModelDrafter(new_sequence(self.draft_model))
         for kind, heads in self.heads.items():
             factories[kind] = functools.partial(heads.drafter, target)
         return build_drafter(recipe, factories)
@@ -256,6 +262,14 @@ class Scheduler:
             job.put(END)
             return
         job.put(chunk)
+
+
+def new_sequence(model, tokenizer=None) -> Backend:
+    """A new, empty sequence (its own KV cache) over a loaded model: a transformers module
+    (wrapped in ``HFModel``) or a ``LlamaCppModel`` (a context of its own, same weights)."""
+    if isinstance(model, LlamaCppModel):
+        return model.sequence()
+    return HFModel(model, tokenizer)
 
 
 @dataclass

@@ -22,6 +22,8 @@ class ServerConfig:
     target: str
     draft: str | None
     dtype: str = "int8"
+    target_runtime: str | None = None  # a runtime value (specdec.runtime); None: dtype
+    draft_runtime: str | None = None
     cache_dir: str | None = None
     drafter: str = "model"
     k: int | str = "auto"
@@ -42,12 +44,15 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
     not started yet."""
     import torch
 
-    from specdec.loading import load_backend
+    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.runtime import parse_runtime
 
     if config.threads:
         torch.set_num_threads(config.threads)
     extra = [progress] if progress is not None else []
-    target = load_backend(config.target, config.dtype, config.cache_dir, *extra)
+    target = parse_runtime(config.target_runtime or config.dtype).load(
+        config.target, config.cache_dir, *extra
+    )
     default_drafter = config.drafter
     if default_drafter == "auto":
         from specdec.heads.load import auto_recipe
@@ -56,9 +61,12 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
         sys.stderr.write(f"specdec: drafter auto -> {default_drafter} ({why})\n")
     draft = None
     if config.draft is not None and "model" in default_drafter:
-        draft = load_backend(config.draft, config.dtype, config.cache_dir, *extra).model
+        loaded = parse_runtime(config.draft_runtime or config.dtype).load(
+            config.draft, config.cache_dir, *extra
+        )
+        draft = loaded if isinstance(loaded, LlamaCppModel) else loaded.model
     scheduler = Scheduler(
-        target.model,
+        target if isinstance(target, LlamaCppModel) else target.model,
         target.tokenizer,
         draft,
         config.max_active,
