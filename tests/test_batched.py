@@ -233,6 +233,30 @@ def test_batched_requests_decode_what_each_decodes_alone(
         assert tokens == engine.generate(prompt, params, spec).token_ids
 
 
+def test_each_run_is_charged_its_share_of_a_batched_step(int8_model, int8_draft):
+    """What runs in one batched step are charged (the pass by rows scored, the lockstep
+    drafting by tokens drafted) adds up to the step, not to N times it: a k controller fed
+    the whole batch's time would think drafting N times dearer than it is."""
+    import time
+
+    batched, drafts = BatchedModel(int8_model), BatchedModel(int8_draft)
+    runs = []
+    for seed in range(6):
+        engine = Engine(batched.sequence(), ModelDrafter(drafts.sequence()))
+        params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        run = engine.begin(ids(seed, 4 + seed), params, SpecConfig(k=3))
+        run.start()
+        runs.append(run)
+    before = sum(run.stats.target_seconds + run.stats.drafter_seconds for run in runs)
+    started = time.perf_counter()
+    for _ in range(3):
+        step_together(runs, batched.forward_many)
+    wall = time.perf_counter() - started
+    charged = sum(run.stats.target_seconds + run.stats.drafter_seconds for run in runs) - before
+    assert 0 < charged <= wall
+    assert all(run.stats.drafter_seconds > 0 for run in runs)
+
+
 def test_an_empty_step_is_no_pass():
     def forward_many(work):
         raise AssertionError("no pass for no runs")

@@ -355,10 +355,18 @@ def step_together(
                 results[i] = error
         else:
             pass_seconds = time.perf_counter() - started
+            # Each run is charged its share of the pass (by rows scored) and of the lockstep
+            # drafting (by tokens drafted): what its rounds cost the batch. Charging each the
+            # whole batch's time would teach its k controller that drafting costs N times
+            # what it does, and a run left alone would never draft again.
+            rows_total = sum(len(proposal.token_ids) + 1 for _, _, proposal in pending)
+            drafted_total = sum(len(proposal.token_ids) for _, _, proposal in pending)
             for (i, run, proposal), rows in zip(pending, logits, strict=True):
-                seconds = draft_seconds if proposal.token_ids else 0.0
+                k = len(proposal.token_ids)
+                draft_share = draft_seconds * k / drafted_total if k else 0.0
+                pass_share = pass_seconds * (k + 1) / rows_total
                 try:
-                    results[i] = run.finish_round(proposal, seconds, rows, pass_seconds)
+                    results[i] = run.finish_round(proposal, draft_share, rows, pass_share)
                 except Exception as error:
                     results[i] = error
     done = [result for result in results if result is not None]
