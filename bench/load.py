@@ -1,7 +1,7 @@
 """Continuous batching under load: `specdec serve` on the real default pair, 1 to 16 clients.
 
 python bench/load.py [--concurrency 2,4,8,16] [--workloads code,chat] [--max-tokens 48]
-                     [--modes batched,batched-no-prefix,turns] [--out bench/results/DIR]
+                     [--modes batched,batched-no-prefix,turns] [--bursts 3] [--out DIR]
 
 Each mode is one `specdec serve --max-active 16` process (int8 pair, the default drafter,
 k auto): `batched` as shipped (one target pass per step for every active request, the draft
@@ -11,8 +11,9 @@ passes batched too, a prompt prefix another request's cache holds copied),
 batching). After a warm-up request, each workload's prompts are
 sent one at a time (the solo runs: per-request reference text and speed), then, for each
 concurrency N, N streaming clients (the official openai client, greedy) each send one
-prompt (the workload's prompts in turn) at the same moment. Reported per row: aggregate
-tokens/s (completion tokens / wall time of the burst), median per-request tokens/s, time to
+prompt (the workload's prompts in turn) at the same moment, --bursts times. Reported per
+row: aggregate tokens/s (completion tokens / wall time of a burst; median, min and max over
+the bursts), median per-request tokens/s, time to
 first token p50/p99, and how many outputs equal the same prompt's solo output on that server.
 Loopback only; the machine should be otherwise idle.
 """
@@ -81,7 +82,9 @@ def count_tokens(texts: list[str]) -> list[int]:
     return [len(tokenizer.encode(text, add_special_tokens=False)) for text in texts]
 
 
-def run_mode(flags: list[str], workloads: list[str], levels: list[int], max_tokens: int) -> dict:
+def run_mode(
+    flags: list[str], workloads: list[str], levels: list[int], max_tokens: int, bursts: int
+) -> dict:
     log = open(f"/tmp/load-{'-'.join(flags) or 'batched'}.log", "w")  # noqa: SIM115
     server = subprocess.Popen(
         ["specdec", "serve", "--port", str(PORT), "--max-active", "16", *flags],
@@ -99,11 +102,12 @@ def run_mode(flags: list[str], workloads: list[str], levels: list[int], max_toke
             rows = {1: [solo[item["id"]] for item in items]}
             for level in levels:
                 burst = [items[i % len(items)] for i in range(level)]
-                began = time.perf_counter()
-                with ThreadPoolExecutor(level) as pool:
-                    answers = list(pool.map(lambda item: one(client, item, max_tokens), burst))
-                wall = time.perf_counter() - began
-                rows[level] = answers + [{"wall": wall}]
+                rows[level] = []
+                for _ in range(bursts):
+                    began = time.perf_counter()
+                    with ThreadPoolExecutor(level) as pool:
+                        answers = list(pool.map(lambda item: one(client, item, max_tokens), burst))
+                    rows[level].append(answers + [{"wall": time.perf_counter() - began}])
             results[name] = {"solo": solo, "rows": rows}
         return results
     finally:
@@ -111,33 +115,38 @@ def run_mode(flags: list[str], workloads: list[str], levels: list[int], max_toke
 
 
 def summarize(results: dict, max_tokens: int) -> list[dict]:
+    """One row per (mode, workload, clients): the median aggregate rate over its bursts
+    (with min and max), time to first token over all its requests."""
     table = []
     for mode, by_workload in results.items():
         for name, result in by_workload.items():
             solo = result["solo"]
-            for level, answers in result["rows"].items():
-                wall = answers[-1].get("wall")
-                answers = [a for a in answers if "text" in a]
-                tokens = count_tokens([a["text"] for a in answers])
-                if wall is None:  # the solo runs, one after another
-                    wall = sum(a["seconds"] for a in answers)
-                ttfts = sorted(a["ttft"] for a in answers)
+            for level, bursts in result["rows"].items():
+                if int(level) == 1:  # the solo runs, one after another: one "burst"
+                    bursts = [bursts + [{"wall": sum(a["seconds"] for a in bursts)}]]
+                rates, answers = [], []
+                for burst in bursts:
+                    mine = [a for a in burst if "text" in a]
+                    tokens = count_tokens([a["text"] for a in mine])
+                    rates.append(sum(tokens) / burst[-1]["wall"])
+                    answers += [(a, t) for a, t in zip(mine, tokens, strict=True)]
+                ttfts = sorted(a["ttft"] for a, _ in answers)
                 table.append(
                     {
                         "mode": mode,
                         "workload": name,
                         "clients": int(level),
-                        "aggregate_tokens_per_second": round(sum(tokens) / wall, 2),
+                        "bursts": len(bursts),
+                        "aggregate_tokens_per_second": round(statistics.median(rates), 2),
+                        "aggregate_min": round(min(rates), 2),
+                        "aggregate_max": round(max(rates), 2),
                         "per_request_tokens_per_second": round(
-                            statistics.median(
-                                t / a["seconds"] for t, a in zip(tokens, answers, strict=True)
-                            ),
-                            2,
+                            statistics.median(t / a["seconds"] for a, t in answers), 2
                         ),
                         "ttft_p50": round(statistics.median(ttfts), 3),
                         "ttft_p99": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 3),
                         "identical_to_solo": sum(
-                            a["text"] == solo[a["id"]]["text"] for a in answers
+                            a["text"] == solo[a["id"]]["text"] for a, _ in answers
                         ),
                         "requests": len(answers),
                     }
@@ -149,8 +158,8 @@ def markdown(table: list[dict], command: str) -> str:
     lines = [
         f"CPU: {cpu_name()}, {os.cpu_count()} cores; command: {command}",
         "",
-        "| mode | workload | clients | aggregate tok/s | x one stream | per-request tok/s "
-        "| TTFT p50 s | TTFT p99 s | identical to solo |",
+        "| mode | workload | clients | aggregate tok/s median (min–max) | x one stream "
+        "| per-request tok/s | TTFT p50 s | TTFT p99 s | identical to solo |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table:
@@ -162,6 +171,7 @@ def markdown(table: list[dict], command: str) -> str:
         lines.append(
             f"| {row['mode']} | {row['workload']} | {row['clients']} "
             f"| {row['aggregate_tokens_per_second']} "
+            f"({row['aggregate_min']}–{row['aggregate_max']}) "
             f"| {row['aggregate_tokens_per_second'] / base:.2f}x "
             f"| {row['per_request_tokens_per_second']} | {row['ttft_p50']} | {row['ttft_p99']} "
             f"| {row['identical_to_solo']}/{row['requests']} |"
@@ -203,12 +213,15 @@ def main() -> int:
     parser.add_argument("--workloads", default="code,chat")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--modes", default="batched,turns")
+    parser.add_argument(
+        "--bursts", type=int, default=3, help="bursts per concurrency level (default: 3)"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     levels = [int(n) for n in args.concurrency.split(",")]
     workloads = args.workloads.split(",")
     results = {
-        mode: run_mode(MODES[mode], workloads, levels, args.max_tokens)
+        mode: run_mode(MODES[mode], workloads, levels, args.max_tokens, args.bursts)
         for mode in args.modes.split(",")
     }
     table = summarize(results, args.max_tokens)
