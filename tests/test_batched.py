@@ -257,6 +257,39 @@ def test_each_run_is_charged_its_share_of_a_batched_step(int8_model, int8_draft)
     assert all(run.stats.drafter_seconds > 0 for run in runs)
 
 
+def test_a_step_the_batch_policy_keeps_from_drafting_drafts_nothing(int8_model, int8_draft):
+    """The policy says no: no run drafts, the output is unchanged, and the runs' own k
+    controllers learn nothing from those rounds; the policy learns the step's rate."""
+    from specdec.controller import AdaptiveK, BatchDrafting
+
+    class Never(BatchDrafting):
+        def drafting(self, n: int) -> bool:
+            return False
+
+    batched, drafts = BatchedModel(int8_model), BatchedModel(int8_draft)
+    controller, policy = AdaptiveK(), Never()
+    runs, alone = [], []
+    for seed in range(3):
+        prompt, params = ids(seed, 6), SamplingParams(max_tokens=10, temperature=0.0)
+        engine = Engine(batched.sequence(), ModelDrafter(drafts.sequence()), controller)
+        runs.append(engine.begin(prompt, params, SpecConfig(k="auto")))
+        runs[-1].start(prepare_drafter=False)
+        reference = Engine(backend(int8_model), ModelDrafter(backend(int8_draft)))
+        alone.append(reference.generate(prompt, params, SpecConfig(k=4)).token_ids)
+    tokens: list[list[int]] = [[] for _ in runs]
+    active = list(range(len(runs)))
+    while active:
+        chunks = step_together([runs[i] for i in active], batched.forward_many, None, policy)
+        for i, chunk in zip(list(active), chunks, strict=True):
+            tokens[i] += chunk.token_ids
+            if chunk.finish_reason is not None:
+                active.remove(i)
+    assert tokens == alone
+    assert all(run.stats.drafted_tokens == 0 for run in runs)
+    assert controller.draft_step_seconds is None and not controller.pass_seconds
+    assert policy.rates[(3, False)] > 0
+
+
 def test_an_empty_step_is_no_pass():
     def forward_many(work):
         raise AssertionError("no pass for no runs")

@@ -139,3 +139,46 @@ def _rate(counts: list[float], prior: float) -> float:
 
 def _bucket(confidence: float) -> int:
     return min(BUCKETS - 1, max(0, int(confidence * BUCKETS)))
+
+
+@dataclass
+class BatchDrafting:
+    """Whether the requests of a batched step draft at all, learned per batch size from the
+    token rate of whole steps (tokens emitted by every request / the step's seconds, drafting
+    included), drafting vs not. When a request drafts, its own ``AdaptiveK`` picks its k.
+
+    Why: a batched pass reads every weight once for all its rows, so a batch of N requests
+    decoding plainly already fills the spare compute that speculation uses alone. Measured
+    on the 2-core EPYC (``bench/batch_burst.py``, code, int8 pair): 8 requests made 101
+    tok/s without drafting, 86 with k auto; 1 request 21 vs 35; 4 requests 65 vs 71. The
+    crossover depends on the machine, the pair and the text, so it is measured, not set:
+    each batch size tries both, keeps the faster, and tries the other every
+    ``explore_every``-th step (evidence decays by ``decay`` a step)."""
+
+    explore_every: int = 40
+    decay: float = 0.8
+    rates: dict[tuple[int, bool], float] = field(default_factory=dict)  # (n, drafting) -> tok/s
+    steps: dict[int, int] = field(default_factory=dict)
+
+    def drafting(self, n: int) -> bool:
+        """Whether a step of ``n`` requests drafts. One request alone always may (its own
+        controller decides, and may choose not to)."""
+        if n <= 1:
+            return True
+        count = self.steps.get(n, 0)
+        self.steps[n] = count + 1
+        with_drafts, without = self.rates.get((n, True)), self.rates.get((n, False))
+        if with_drafts is None or without is None:
+            return with_drafts is None  # try drafting first, then not drafting
+        best = with_drafts >= without
+        return best if count % self.explore_every else not best
+
+    def prefers_drafting(self, n: int) -> bool:
+        """What a step of ``n`` requests does, exploration aside (drafting while unknown)."""
+        with_drafts, without = self.rates.get((n, True)), self.rates.get((n, False))
+        return n <= 1 or with_drafts is None or without is None or with_drafts >= without
+
+    def observe(self, n: int, drafting: bool, tokens: int, seconds: float) -> None:
+        if n > 1 and seconds > 0:
+            key = (n, drafting)
+            self.rates[key] = _ema(self.rates.get(key), tokens / seconds, 1.0 - self.decay)

@@ -20,7 +20,7 @@ import torch
 
 from specdec.backends.base import Backend, sync_cache
 from specdec.config import SamplingParams, SpecConfig
-from specdec.controller import AdaptiveK
+from specdec.controller import AdaptiveK, BatchDrafting
 from specdec.detokenizer import Detokenizer
 from specdec.drafters.base import Drafter, Drafting, Proposal, drafting_of, drive
 from specdec.metrics import SpecStats
@@ -173,19 +173,20 @@ class Run:
             finish_reason = chunk.finish_reason
             yield chunk
 
-    def start(self) -> None:
-        """The prefill; rounds follow."""
+    def start(self, prepare_drafter: bool = True) -> None:
+        """The prefill; rounds follow. ``prepare_drafter=False``: the drafter's own prefill
+        is left for its first proposal (a batch that is not drafting now)."""
         self.started = time.perf_counter()
-        self._prefill()
+        self._prefill(prepare_drafter)
         self.stats.prefill_seconds = time.perf_counter() - self.started
 
-    def _prefill(self) -> None:
+    def _prefill(self, prepare_drafter: bool = True) -> None:
         """Bring the target cache to ``context[:-1]``, reusing a prefix it already holds, and
         let the drafter fill its own cache. Timed as prefill, not as decode-phase costs."""
         if sync_cache(self.target, self.context[:-1]):
             self.stats.target_forwards += 1
         drafting = self.controller.choose_k() > 0 if self.controller is not None else self.k != 0
-        if self.drafter is not None and drafting:
+        if self.drafter is not None and drafting and prepare_drafter:
             # A controller that has learned not to draft skips the draft's prefill; should it
             # draft later, the drafter catches up on the context in its first proposal.
             self.drafter.prepare(self.context)
@@ -201,10 +202,16 @@ class Run:
         return [self.context[-1]] + proposal.token_ids
 
     def finish_round(
-        self, proposal: Proposal, draft_seconds: float, logits: torch.Tensor, pass_seconds: float
+        self,
+        proposal: Proposal,
+        draft_seconds: float,
+        logits: torch.Tensor,
+        pass_seconds: float,
+        observe: bool = True,
     ) -> Chunk:
         """Verify the target's ``logits`` of ``scored_tokens(proposal)``, cut the target
-        cache back to what was accepted, emit."""
+        cache back to what was accepted, emit. ``observe=False``: a round the batch kept
+        from drafting; its costs say nothing about this run's own choice of k."""
         k = len(proposal.token_ids)
         self.stats.target_forwards += 1
         result = self._verify(proposal, logits)
@@ -216,7 +223,7 @@ class Run:
         self.stats.record_round(
             k, result.num_accepted, result.bonus, result.residual_fallback, proposal.drafter
         )
-        if self.controller is not None:
+        if self.controller is not None and observe:
             self.controller.observe(
                 k, result.num_accepted, proposal.confidences, draft_seconds, pass_seconds
             )
@@ -323,6 +330,7 @@ def step_together(
     runs: Sequence[Run],
     forward_many: Callable[[list[tuple[Any, list[int], bool]]], list[torch.Tensor]],
     max_rows: int | None = None,
+    policy: BatchDrafting | None = None,
 ) -> list[Chunk | Exception]:
     """One round of every run (each already ``start``ed) in ONE target pass: continuous
     batching. Each run drafts, at most its share of ``max_rows`` (the rows one pass may
@@ -330,12 +338,19 @@ def step_together(
     (``BatchedModel.forward_many``) scores every run's tokens against its own cache; each
     run verifies with its own generator and accepts its own count. A run whose drafting or
     verification fails gets its exception; if the pass fails, every run in it does, and
-    the target caches are as they were (``BatchedModel`` restores them)."""
+    the target caches are as they were (``BatchedModel`` restores them). ``policy``
+    (``BatchDrafting``) decides whether this step drafts at all, from the measured rate of
+    whole steps of this many runs; a round it keeps from drafting teaches the run's own k
+    controller nothing."""
     if not runs:
         return []
     share = None if max_rows is None else max(max_rows // len(runs) - 1, 0)
+    budget_allows = share != 0  # a budget of one row each leaves no room for drafts
+    drafting = budget_allows and (policy is None or policy.drafting(len(runs)))
+    if not drafting:
+        share = 0
     results: list[Chunk | Exception | None] = [None] * len(runs)
-    started = time.perf_counter()
+    step_started = started = time.perf_counter()
     proposals = _draft_together(runs, share)
     draft_seconds = time.perf_counter() - started
     pending = []
@@ -366,11 +381,16 @@ def step_together(
                 draft_share = draft_seconds * k / drafted_total if k else 0.0
                 pass_share = pass_seconds * (k + 1) / rows_total
                 try:
-                    results[i] = run.finish_round(proposal, draft_share, rows, pass_share)
+                    results[i] = run.finish_round(
+                        proposal, draft_share, rows, pass_share, observe=drafting
+                    )
                 except Exception as error:
                     results[i] = error
     done = [result for result in results if result is not None]
     assert len(done) == len(runs), "every run got a chunk or an error"
+    if policy is not None and budget_allows:
+        tokens = sum(len(chunk.token_ids) for chunk in done if isinstance(chunk, Chunk))
+        policy.observe(len(runs), drafting, tokens, time.perf_counter() - step_started)
     return done
 
 

@@ -29,7 +29,7 @@ from specdec.backends.batched import BatchedModel, supports
 from specdec.backends.hf import HFModel
 from specdec.backends.llamacpp import LlamaCppModel
 from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
-from specdec.controller import AdaptiveK
+from specdec.controller import AdaptiveK, BatchDrafting
 from specdec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from specdec.drafters.recipe import available_recipes, build_drafter
 from specdec.engine import Chunk, Engine, Run, step_together
@@ -102,6 +102,7 @@ class Scheduler:
         self.on_batched_pass: Callable[[int], None] = lambda requests: None
         self.on_prefix_reused: Callable[[int], None] = lambda tokens: None
         self.controllers: dict[str, AdaptiveK] = {}
+        self.batch_drafting = BatchDrafting()  # whether a batched step drafts, by batch size
         self._pending: collections.deque[Job] = collections.deque()
         self._active: list[_Active] = []
         self._admitted = 0  # waiting + active, guarded by _wake
@@ -235,7 +236,9 @@ class Scheduler:
             if entry.run is None:
                 try:
                     entry.run = self._begin(entry.job)
-                    entry.run.start()
+                    # A batch that does not draft at its size now leaves the draft's
+                    # prefill to the first proposal (if the batch shrinks and drafts).
+                    entry.run.start(self.batch_drafting.prefers_drafting(len(entries)))
                 except Exception as error:
                     self._release(entry.job)
                     entry.job.put(error)
@@ -246,7 +249,7 @@ class Scheduler:
             self.on_prefix_reused(self.batched.reused_tokens - reused)
         if not runs:
             return
-        results = step_together(runs, self.batched.forward_many, self.max_rows)
+        results = step_together(runs, self.batched.forward_many, self.max_rows, self.batch_drafting)
         self.on_batched_pass(len(runs))
         for job, result in zip(jobs, results, strict=True):
             if isinstance(result, Exception):

@@ -1,0 +1,123 @@
+"""A burst of N requests decoded in batched steps in-process (no server, no HTTP): what the
+engine's continuous batching itself gives on the real int8 pair.
+
+python bench/batch_burst.py [--clients 1,8] [--workload code] [--max-rows 32] [--repeats 2]
+                            [--configs auto,auto-always,0]
+
+Each burst starts N requests of the workload (prefill one after another, as the server's
+joining requests are), then calls ``engine.step_together`` until all are done, the draft
+model's passes batched too, with one k controller shared by the requests (as the server
+shares it). Configurations (--configs) run interleaved, burst by burst, each with its own
+controller: ``auto`` as the server (k auto, and whether a step drafts at all learned per
+batch size: ``controller.BatchDrafting``), ``auto-always`` (k auto, every step may draft),
+or a fixed k (``0``: plain batched decoding). Reported per burst: tokens/s over the whole
+burst (prefill included), the prefill seconds and the number of batched steps; with --trace,
+each step's requests and tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from importlib import resources
+
+from specdec.backends.batched import BatchedModel
+from specdec.config import SamplingParams, SpecConfig
+from specdec.controller import AdaptiveK, BatchDrafting
+from specdec.drafters import ModelDrafter
+from specdec.engine import Engine, step_together
+from specdec.loading import load_backend
+from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.prompting import encode_prompt
+
+
+def burst(target, draft, tokenizer, items, n, max_rows, controller, k, policy, trace=False):
+    started = time.perf_counter()
+    runs = []
+    for item in (items * n)[:n]:
+        prompt = encode_prompt(tokenizer, item["prompt"], item.get("template", "raw"))
+        engine = Engine(target.sequence(), ModelDrafter(draft.sequence()), controller)
+        params = SamplingParams(max_tokens=48, temperature=0.0)
+        run = engine.begin(prompt, params, SpecConfig(k=k))
+        run.start(policy is None or policy.prefers_drafting(n))
+        runs.append(run)
+    prefill = time.perf_counter() - started
+    tokens = steps = 0
+    active = runs
+    while active:
+        chunks = step_together(active, target.forward_many, max_rows, policy)
+        steps += 1
+        if trace:
+            counts = [len(chunk.token_ids) for chunk in chunks]
+            print(f"  step {steps}: {len(active)} requests, tokens {counts}")
+        tokens += sum(len(chunk.token_ids) for chunk in chunks)
+        active = [r for r, c in zip(active, chunks, strict=True) if c.finish_reason is None]
+    return tokens / (time.perf_counter() - started), prefill, steps
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", default="1,8")
+    parser.add_argument("--workload", default="code")
+    parser.add_argument("--max-rows", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--configs",
+        default="auto",
+        help="comma-separated, run interleaved burst by burst: auto (k auto, drafting per "
+        "batch size learned as the server does), auto-always (k auto, every step may draft), "
+        "or a fixed k (0: no drafting)",
+    )
+    parser.add_argument("--trace", action="store_true")
+    args = parser.parse_args()
+    text = resources.files("specdec.bench").joinpath(f"workloads/{args.workload}.jsonl")
+    items = [json.loads(line) for line in text.read_text().splitlines() if line.strip()]
+    target = load_backend(DEFAULT_TARGET, "int8")
+    draft = load_backend(DEFAULT_DRAFT, "int8")
+    batched = BatchedModel(target.model, target.tokenizer)
+    draft_batched = BatchedModel(draft.model)
+    configs = {}
+    for name in args.configs.split(","):
+        k = int(name) if name.isdigit() else "auto"
+        policy = BatchDrafting() if name == "auto" else None
+        configs[name] = (k, AdaptiveK(max_k=SpecConfig(k="auto").max_k), policy)
+    print(f"{os.cpu_count()} cores; {args.workload}, 48 tokens, max rows {args.max_rows}")
+    for k, controller, policy in configs.values():  # warm-up
+        burst(
+            batched, draft_batched, target.tokenizer, items, 2, args.max_rows, controller, k, policy
+        )
+    for n in (int(c) for c in args.clients.split(",")):
+        results: dict[str, list] = {name: [] for name in configs}
+        for _ in range(args.repeats):
+            for name, (k, controller, policy) in configs.items():
+                results[name].append(
+                    burst(
+                        batched,
+                        draft_batched,
+                        target.tokenizer,
+                        items,
+                        n,
+                        args.max_rows,
+                        controller,
+                        k,
+                        policy,
+                        args.trace,
+                    )
+                )
+        for name, runs in results.items():
+            rates = [rate for rate, _, _ in runs]
+            print(
+                f"{n} requests, {name}: {statistics.median(rates):.1f} tok/s "
+                f"(runs: {', '.join(f'{r:.1f}' for r in rates)}), prefill "
+                f"{statistics.median(p for _, p, _ in runs):.2f} s, steps "
+                f"{[s for _, _, s in runs]}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
