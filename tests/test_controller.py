@@ -132,12 +132,14 @@ def test_batch_drafting_keeps_the_faster_choice_per_batch_size_and_explores():
 
     policy = BatchDrafting(explore_every=5)
     assert policy.drafting(1) and policy.prefers_drafting(1)  # alone: the run's controller
-    assert policy.drafting(8) is True  # unknown: drafting first
+    assert policy.drafting(8) is True  # nothing known: drafting first
     policy.observe(8, True, tokens=24, seconds=0.3)  # 80 tok/s
     assert policy.drafting(8) is False  # then not drafting
     policy.observe(8, False, tokens=8, seconds=0.075)  # 107 tok/s
     choices = [policy.drafting(8) for _ in range(10)]
     assert choices.count(True) == 2 and choices.count(False) == 8  # exploring every 5th step
-    assert not policy.prefers_drafting(8) and policy.prefers_drafting(4)  # 4: unknown yet
+    # a larger batch starts from what the nearest smaller one measured; a smaller one not
+    assert not policy.prefers_drafting(8) and not policy.prefers_drafting(12)
+    assert policy.prefers_drafting(4)
     policy.observe(1, False, tokens=1, seconds=0.03)  # one request: nothing to learn here
     assert (1, False) not in policy.rates

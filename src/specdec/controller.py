@@ -167,16 +167,23 @@ class BatchDrafting:
             return True
         count = self.steps.get(n, 0)
         self.steps[n] = count + 1
-        with_drafts, without = self.rates.get((n, True)), self.rates.get((n, False))
-        if with_drafts is None or without is None:
-            return with_drafts is None  # try drafting first, then not drafting
-        best = with_drafts >= without
-        return best if count % self.explore_every else not best
+        best = self.prefers_drafting(n)
+        return not best if (count + 1) % self.explore_every == 0 else best
 
     def prefers_drafting(self, n: int) -> bool:
-        """What a step of ``n`` requests does, exploration aside (drafting while unknown)."""
+        """What a step of ``n`` requests does, exploration aside. Both choices measured at
+        this size: the faster. Else what the nearest smaller size measured both ways
+        prefers (a batch that did better without drafts does so when larger too); else
+        drafting, then not drafting, so that both get measured."""
+        if n <= 1:
+            return True
         with_drafts, without = self.rates.get((n, True)), self.rates.get((n, False))
-        return n <= 1 or with_drafts is None or without is None or with_drafts >= without
+        if with_drafts is not None and without is not None:
+            return with_drafts >= without
+        for smaller in range(n - 1, 1, -1):
+            if (smaller, True) in self.rates and (smaller, False) in self.rates:
+                return self.rates[(smaller, True)] >= self.rates[(smaller, False)]
+        return with_drafts is None
 
     def observe(self, n: int, drafting: bool, tokens: int, seconds: float) -> None:
         if n > 1 and seconds > 0:
