@@ -130,16 +130,19 @@ def test_bad_k(value):
 def test_batch_drafting_keeps_the_faster_choice_per_batch_size_and_explores():
     from specdec.controller import BatchDrafting
 
-    policy = BatchDrafting(explore_every=5)
+    policy = BatchDrafting(explore_every=5, samples=2)
     assert policy.drafting(1) and policy.prefers_drafting(1)  # alone: the run's controller
-    assert policy.drafting(8) is True  # nothing known: drafting first
-    policy.observe(8, True, tokens=24, seconds=0.3)  # 80 tok/s
-    assert policy.drafting(8) is False  # then not drafting
-    policy.observe(8, False, tokens=8, seconds=0.075)  # 107 tok/s
+    measured = []
+    for _ in range(4):  # measuring: each way in turn, drafting first
+        drafting = policy.drafting(8)
+        measured.append(drafting)
+        policy.observe(8, drafting, *((24, 0.3) if drafting else (8, 0.075)))  # 80 vs 107 tok/s
+    assert measured == [True, False, True, False]
     choices = [policy.drafting(8) for _ in range(10)]
     assert choices.count(True) == 2 and choices.count(False) == 8  # exploring every 5th step
     # a larger batch starts from what the nearest smaller one measured; a smaller one not
     assert not policy.prefers_drafting(8) and not policy.prefers_drafting(12)
-    assert policy.prefers_drafting(4)
+    assert policy.drafting(12) is False
+    assert policy.prefers_drafting(4) and policy.drafting(4) is True
     policy.observe(1, False, tokens=1, seconds=0.03)  # one request: nothing to learn here
     assert (1, False) not in policy.rates

@@ -152,12 +152,15 @@ class BatchDrafting:
     on the 2-core EPYC (``bench/batch_burst.py``, code, int8 pair): 8 requests made 101
     tok/s without drafting, 86 with k auto; 1 request 21 vs 35; 4 requests 65 vs 71. The
     crossover depends on the machine, the pair and the text, so it is measured, not set:
-    each batch size tries both, keeps the faster, and tries the other every
-    ``explore_every``-th step (evidence decays by ``decay`` a step)."""
+    a batch size measures both ways (``samples`` steps each) unless a smaller size already
+    did, keeps the faster, and tries the other every ``explore_every``-th step (evidence
+    decays by ``decay`` a step)."""
 
     explore_every: int = 40
     decay: float = 0.8
+    samples: int = 3  # steps measured each way before one step's luck decides
     rates: dict[tuple[int, bool], float] = field(default_factory=dict)  # (n, drafting) -> tok/s
+    counts: dict[tuple[int, bool], int] = field(default_factory=dict)  # steps measured
     steps: dict[int, int] = field(default_factory=dict)
 
     def drafting(self, n: int) -> bool:
@@ -167,25 +170,36 @@ class BatchDrafting:
             return True
         count = self.steps.get(n, 0)
         self.steps[n] = count + 1
+        measuring = self._measuring(n)
+        if measuring is not None:
+            return measuring
         best = self.prefers_drafting(n)
         return not best if (count + 1) % self.explore_every == 0 else best
 
     def prefers_drafting(self, n: int) -> bool:
-        """What a step of ``n`` requests does, exploration aside. Both choices measured at
-        this size: the faster. Else what the nearest smaller size measured both ways
+        """What a step of ``n`` requests does, exploration aside: the faster way when both
+        are measured at this size; else what the nearest smaller size measured both ways
         prefers (a batch that did better without drafts does so when larger too); else
-        drafting, then not drafting, so that both get measured."""
+        drafting."""
         if n <= 1:
             return True
-        with_drafts, without = self.rates.get((n, True)), self.rates.get((n, False))
-        if with_drafts is not None and without is not None:
-            return with_drafts >= without
-        for smaller in range(n - 1, 1, -1):
-            if (smaller, True) in self.rates and (smaller, False) in self.rates:
-                return self.rates[(smaller, True)] >= self.rates[(smaller, False)]
-        return with_drafts is None
+        for size in range(n, 1, -1):
+            if self._measured(size):
+                return self.rates[(size, True)] >= self.rates[(size, False)]
+        return True
+
+    def _measured(self, n: int) -> bool:
+        return min(self.counts.get((n, True), 0), self.counts.get((n, False), 0)) >= self.samples
+
+    def _measuring(self, n: int) -> bool | None:
+        """While neither this size nor a smaller one is measured both ways: the way with
+        fewer steps measured (drafting first)."""
+        if any(self._measured(size) for size in range(n, 1, -1)):
+            return None
+        return self.counts.get((n, True), 0) <= self.counts.get((n, False), 0)
 
     def observe(self, n: int, drafting: bool, tokens: int, seconds: float) -> None:
         if n > 1 and seconds > 0:
             key = (n, drafting)
             self.rates[key] = _ema(self.rates.get(key), tokens / seconds, 1.0 - self.decay)
+            self.counts[key] = self.counts.get(key, 0) + 1
