@@ -140,9 +140,19 @@ def test_batch_drafting_keeps_the_faster_choice_per_batch_size_and_explores():
     assert measured == [True, False, True, False]
     choices = [policy.drafting(8) for _ in range(10)]
     assert choices.count(True) == 2 and choices.count(False) == 8  # exploring every 5th step
-    # a larger batch starts from what the nearest smaller one measured; a smaller one not
+    # drafts did not pay at 8: nor at 12 (a larger batch); a smaller one is measured anew
     assert not policy.prefers_drafting(8) and not policy.prefers_drafting(12)
     assert policy.drafting(12) is False
     assert policy.prefers_drafting(4) and policy.drafting(4) is True
+    # drafts paying at 2 says nothing about 3: it is measured both ways
+    for _ in range(4):
+        policy.observe(2, True, 10, 0.1)  # 100 tok/s
+        policy.observe(2, False, 2, 0.04)  # 50 tok/s
+    assert policy.prefers_drafting(2)
+    ways = []
+    for _ in range(2):
+        ways.append(policy.drafting(3))
+        policy.observe(3, ways[-1], 6, 0.1)
+    assert ways == [True, False]
     policy.observe(1, False, tokens=1, seconds=0.03)  # one request: nothing to learn here
     assert (1, False) not in policy.rates

@@ -152,9 +152,9 @@ class BatchDrafting:
     on the 2-core EPYC (``bench/batch_burst.py``, code, int8 pair): 8 requests made 101
     tok/s without drafting, 86 with k auto; 1 request 21 vs 35; 4 requests 65 vs 71. The
     crossover depends on the machine, the pair and the text, so it is measured, not set:
-    a batch size measures both ways (``samples`` steps each) unless a smaller size already
-    did, keeps the faster, and tries the other every ``explore_every``-th step (evidence
-    decays by ``decay`` a step)."""
+    a batch size measures both ways (``samples`` steps each) unless a smaller one showed
+    that drafts do not pay, keeps the faster, and tries the other every
+    ``explore_every``-th step (evidence decays by ``decay`` a step)."""
 
     explore_every: int = 40
     decay: float = 0.8
@@ -178,23 +178,28 @@ class BatchDrafting:
 
     def prefers_drafting(self, n: int) -> bool:
         """What a step of ``n`` requests does, exploration aside: the faster way when both
-        are measured at this size; else what the nearest smaller size measured both ways
-        prefers (a batch that did better without drafts does so when larger too); else
-        drafting."""
+        are measured at this size; else not drafting if a smaller size measured both ways
+        did better without (a batch that does better without drafts does so when larger
+        too; the converse does not hold); else drafting."""
         if n <= 1:
             return True
-        for size in range(n, 1, -1):
-            if self._measured(size):
-                return self.rates[(size, True)] >= self.rates[(size, False)]
-        return True
+        if self._measured(n):
+            return self.rates[(n, True)] >= self.rates[(n, False)]
+        return not self._smaller_does_without(n)
 
     def _measured(self, n: int) -> bool:
         return min(self.counts.get((n, True), 0), self.counts.get((n, False), 0)) >= self.samples
 
+    def _smaller_does_without(self, n: int) -> bool:
+        return any(
+            self._measured(size) and self.rates[(size, False)] > self.rates[(size, True)]
+            for size in range(2, n)
+        )
+
     def _measuring(self, n: int) -> bool | None:
-        """While neither this size nor a smaller one is measured both ways: the way with
-        fewer steps measured (drafting first)."""
-        if any(self._measured(size) for size in range(n, 1, -1)):
+        """Until this size is measured both ways (unless a smaller one showed that drafts
+        do not pay): the way with fewer steps measured, drafting first."""
+        if self._measured(n) or self._smaller_does_without(n):
             return None
         return self.counts.get((n, True), 0) <= self.counts.get((n, False), 0)
 
