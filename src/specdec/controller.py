@@ -151,10 +151,9 @@ class BatchDrafting:
     decoding plainly already fills the spare compute that speculation uses alone. Measured
     on the 2-core EPYC (``bench/batch_burst.py``, code, int8 pair): 8 requests made 95
     tok/s without drafting, 75 with every request drafting (k auto); 1 request 21 vs 36;
-    4 requests 70 vs 66. The
-    crossover depends on the machine, the pair and the text, so it is measured, not set:
-    a batch size measures both ways (``samples`` steps each) unless a smaller one showed
-    that drafts do not pay, keeps the faster, and tries the other every
+    4 requests 70 vs 66. The crossover depends on the machine, the pair and the text, so it
+    is measured, not set: a batch size measures both ways (``samples`` steps each) unless a
+    smaller one showed that drafts do not pay, keeps the faster, and tries the other every
     ``explore_every``-th step (evidence decays by ``decay`` a step)."""
 
     explore_every: int = 40
