@@ -6,7 +6,9 @@ state. On the int8 runtime (``backends/batched.py``) every step is one round of 
 request in one target pass (continuous batching, ``engine.step_together``): each drafts,
 the target scores all of them at once, each accepts its own count; finished requests leave
 and waiting ones join at the next step. ``max_rows`` caps the rows one pass scores, split
-evenly, so one request's k cannot slow the others. On other runtimes active requests
+evenly, so one request's k cannot slow the others. Whether a step drafts at all is learned
+per batch size (``controller.BatchDrafting``): a batch decoding plainly already uses the
+compute that speculation uses alone. On other runtimes active requests
 advance one round each in turn. Either way a long request cannot starve a short one. At
 most ``max_active`` requests are decoded at once and ``max_queue`` wait; more are refused
 (the app answers 503). A request whose client went away is dropped at its next step,
