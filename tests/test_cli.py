@@ -409,3 +409,23 @@ def test_one_runtime_value_or_the_older_spelling_give_the_same_run(model_dirs, c
     assert newer["token_ids"] == older["token_ids"]
     assert main(["cost", "--model", str(target), "--runtime", "float32", "--max-n", "2"]) == 0
     assert "on float32" in capsys.readouterr().out
+
+
+def test_serve_takes_a_runtime_per_model(model_dirs):
+    """serve --target-runtime/--draft-runtime: the runtime values every command takes."""
+    from specdec.backends.int8 import RowInt8Linear
+    from specdec.cli import _server_config, build_parser
+    from specdec.server.setup import build_scheduler
+
+    target, draft = model_dirs
+    args = build_parser().parse_args(
+        ["serve", "--target", str(target), "--draft", str(draft), "--drafter", "model"]
+        + ["--target-runtime", "float32", "--draft-runtime", "int8"]
+    )
+    config = _server_config(args, threads=None)
+    assert (config.target_runtime, config.draft_runtime) == ("float32", "int8")
+    scheduler = build_scheduler(config)
+    assert scheduler.batched is None  # a float32 target: requests take turns
+    assert isinstance(scheduler.draft_model.get_output_embeddings(), RowInt8Linear)
+    assert not isinstance(scheduler.target_model.get_output_embeddings(), RowInt8Linear)
+    assert exit_code(["serve", "--target-runtime", "tpu:fp8"]) == 2
