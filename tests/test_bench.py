@@ -238,3 +238,24 @@ def test_the_distribution_test_rejects_tokens_from_another_distribution():
     assert ks_uniform(pit_values(claimed, drawn(claimed), generator)).p_value > 1e-3
     assert ks_uniform(pit_values(claimed, drawn(sharp), generator)).p_value < 1e-3
     assert ks_uniform(pit_values(claimed, drawn(moved), generator)).p_value < 1e-3
+
+
+def test_a_peer_with_its_own_draft_counts_is_left_out_of_the_theory_plot():
+    """ONNX Runtime GenAI reports drafted/accepted counts but no k per round or costs: the
+    measured-vs-predicted points skip it instead of failing on it."""
+    from specdec.bench.report import theory_points
+    from specdec.metrics import SpecStats
+
+    plain = SpecStats(rounds=10, target_seconds=0.5, total_seconds=0.5).to_dict()
+    peer = SpecStats(rounds=3, drafted_tokens=12, accepted_tokens=9, bonus_tokens=2).to_dict()
+    runs = [
+        {"system": "plain", "reference": "plain", "prompt_id": "a", "repeat": 0, "stats": plain},
+        {
+            "system": "onnx-int4-model",
+            "reference": "plain",
+            "prompt_id": "a",
+            "repeat": 0,
+            "stats": peer,
+        },
+    ]
+    assert theory_points(runs) == []

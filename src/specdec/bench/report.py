@@ -75,6 +75,8 @@ def theory_points(runs: list[dict]) -> list[dict]:
         ):
             continue
         drafting = {int(k): n for k, n in stats["k_per_round"].items() if k != "0"}
+        if not drafting:
+            continue  # a peer counting its own drafts: no k per round, no costs to divide
         k = max(drafting, key=lambda size: drafting[size])
         if drafting[k] < 0.8 * sum(drafting.values()):
             continue  # adaptive k: no single k for the formula (rounds cut by max_tokens aside)
