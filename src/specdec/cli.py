@@ -145,7 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
         "request in ONE target pass (continuous batching: each drafts, the target scores all "
         "of them at once, each accepts its own count; the draft model's passes are batched "
         "too), at most --max-rows rows per pass split evenly; each request's output is what "
-        "it would be alone, bit for bit. Other runtimes take turns, a round each.",
+        "it would be alone, bit for bit. Whether a step drafts at all is learned per batch "
+        "size (plain batches can be faster than speculation), and a prompt prefix another "
+        "request's cache holds is copied, not computed. Other runtimes take turns, a round "
+        "each.",
     )
     serve.add_argument(
         "--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})"
