@@ -18,14 +18,13 @@ each step's requests and tokens.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from importlib import resources
 
 from specdec.backends.batched import BatchedModel
+from specdec.bench.harness import load_workloads
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK, BatchDrafting
 from specdec.drafters import ModelDrafter
@@ -39,7 +38,7 @@ def burst(target, draft, tokenizer, items, n, max_rows, controller, k, policy, t
     started = time.perf_counter()
     runs = []
     for item in (items * n)[:n]:
-        prompt = encode_prompt(tokenizer, item["prompt"], item.get("template", "raw"))
+        prompt = encode_prompt(tokenizer, item.prompt, item.template)
         engine = Engine(target.sequence(), ModelDrafter(draft.sequence()), controller)
         params = SamplingParams(max_tokens=48, temperature=0.0)
         run = engine.begin(prompt, params, SpecConfig(k=k))
@@ -74,8 +73,7 @@ def main() -> int:
     )
     parser.add_argument("--trace", action="store_true")
     args = parser.parse_args()
-    text = resources.files("specdec.bench").joinpath(f"workloads/{args.workload}.jsonl")
-    items = [json.loads(line) for line in text.read_text().splitlines() if line.strip()]
+    items = load_workloads([args.workload])
     target = load_backend(DEFAULT_TARGET, "int8")
     draft = load_backend(DEFAULT_DRAFT, "int8")
     batched = BatchedModel(target.model, target.tokenizer)

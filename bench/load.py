@@ -28,12 +28,12 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from importlib import resources
 from pathlib import Path
 
 from openai import OpenAI
 from serving import stop, wait_ready  # bench/serving.py, beside this script
 
+from specdec.bench.harness import PromptItem, load_workloads
 from specdec.doctor import cpu_name
 
 PORT = 8791
@@ -45,24 +45,19 @@ MODES = {
 }
 
 
-def workload(name: str) -> list[dict]:
-    text = resources.files("specdec.bench").joinpath(f"workloads/{name}.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def one(client: OpenAI, item: dict, max_tokens: int) -> dict:
+def one(client: OpenAI, item: PromptItem, max_tokens: int) -> dict:
     """One streamed greedy request: its text, completion tokens, seconds, first-token time."""
     began = time.perf_counter()
     first = None
     pieces = []
     common = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    if item["template"] == "chat":
+    if item.template == "chat":
         stream = client.chat.completions.create(
-            messages=[{"role": "user", "content": item["prompt"]}], **common
+            messages=[{"role": "user", "content": item.prompt}], **common
         )
         texts = (chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     else:
-        stream = client.completions.create(prompt=item["prompt"], **common)
+        stream = client.completions.create(prompt=item.prompt, **common)
         texts = (chunk.choices[0].text or "" for chunk in stream if chunk.choices)
     for text in texts:
         if text and first is None:
@@ -70,7 +65,7 @@ def one(client: OpenAI, item: dict, max_tokens: int) -> dict:
         pieces.append(text)
     seconds = time.perf_counter() - began
     text = "".join(pieces)
-    return {"id": item["id"], "text": text, "seconds": seconds, "ttft": first or seconds}
+    return {"id": item.id, "text": text, "seconds": seconds, "ttft": first or seconds}
 
 
 def count_tokens(texts: list[str]) -> list[int]:
@@ -94,12 +89,12 @@ def run_mode(
     try:
         wait_ready(PORT)
         client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="unused", timeout=900)
-        one(client, {"id": "warm", "template": "raw", "prompt": "def warm_up():\n"}, 8)
+        one(client, PromptItem("warm", "warm", "raw", "def warm_up():\n"), 8)
         results: dict = {}
         for name in workloads:
-            items = workload(name)
-            solo = {item["id"]: one(client, item, max_tokens) for item in items}
-            rows = {1: [solo[item["id"]] for item in items]}
+            items = load_workloads([name])
+            solo = {item.id: one(client, item, max_tokens) for item in items}
+            rows = {1: [solo[item.id] for item in items]}
             for level in levels:
                 burst = [items[i % len(items)] for i in range(level)]
                 rows[level] = []

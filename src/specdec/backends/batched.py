@@ -79,8 +79,8 @@ class LayerCache:
     def copy_prefix(self, donor: LayerCache, n: int) -> None:
         """Hold the first ``n`` positions of ``donor`` (a copy: the donor goes on changing)."""
         assert donor.keys is not None and donor.values is not None, "the donor holds n > 0"
-        self.keys = donor.keys[..., :n, :].contiguous().clone()
-        self.values = donor.values[..., :n, :].contiguous().clone()
+        self.keys = donor.keys[..., :n, :].clone(memory_format=torch.contiguous_format)
+        self.values = donor.values[..., :n, :].clone(memory_format=torch.contiguous_format)
 
 
 class ModelSequence:
