@@ -10,8 +10,15 @@ import torch
 from specdec.backends.hf import HFModel
 from specdec.models import CATALOG, Progress, cache_root, ensure_converted, lookup
 
-# int8: float32 weights loaded, then quantized by backends.int8 (batch-invariant W8A8).
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
+# int8 / int4: float32 weights loaded, then quantized by backends.int8 (batch-invariant
+# W8A8) or backends.int4 (4-bit weights, int8 activations); both cached on disk.
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.float32,
+    "int4": torch.float32,
+}
+QUANTIZED = ("int8", "int4")
 
 
 RUNTIMES = ("transformers", "llamacpp")
@@ -54,8 +61,9 @@ def load_hf(
 ) -> HFModel:
     """Load a saved transformers causal LM (+ its tokenizer, if saved beside it).
 
-    ``int8``: from the runtime form cached under ``int8_cache`` when there is one for this
-    model (built and written on first use), else quantized in memory."""
+    ``int8`` / ``int4``: from the runtime form cached under ``int8_cache`` (int4 beside it,
+    in ``<int8_cache>/../int4``) when there is one for this model (built and written on
+    first use), else quantized in memory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
     from transformers.utils import logging as hf_logging
 
@@ -67,18 +75,19 @@ def load_hf(
     if not (directory / "config.json").is_file():
         raise ValueError(f"{path!s} is not a transformers model directory (no config.json in it)")
     model: PreTrainedModel
-    if dtype != "int8":
+    if dtype not in QUANTIZED:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
     elif int8_cache is None:
-        from specdec.backends.int8 import make_int8_batch_invariant
+        from specdec.backends.int8_cache import quantizer
 
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-        make_int8_batch_invariant(model, progress)
+        quantizer(dtype)(model, progress)
     else:
         from specdec.backends import int8_cache as runtime_cache
 
+        root = int8_cache if dtype == "int8" else int8_cache.with_name(dtype)
         model = runtime_cache.load_or_build(
-            directory, int8_cache / _cache_name(directory), progress
+            directory, root / _cache_name(directory), progress, kind=dtype
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)

@@ -1,11 +1,11 @@
 """One name for where a model runs, the same in every command, the bench and the server.
 
-A runtime value is a transformers precision, ``int8`` (specdec's batch-invariant int8),
-``bfloat16`` or ``float32``, or llama.cpp with a GGUF type, ``llamacpp:q4_0`` (``llamacpp``
-alone: the command's default type). The bench's short form, a bare GGUF type (``q4_0``),
-means the same as ``llamacpp:q4_0``. The older spellings stay accepted where they were:
-``--dtype D`` and ``--runtime transformers`` mean the transformers runtime ``D``,
-``--runtime llamacpp --gguf-type T`` means ``llamacpp:T``.
+A runtime value is a transformers precision, ``int8`` or ``int4`` (specdec's
+batch-invariant runtimes), ``bfloat16`` or ``float32``, or llama.cpp with a GGUF type,
+``llamacpp:q4_0`` (``llamacpp`` alone: the command's default type). The bench's short form,
+a bare GGUF type (``q4_0``), means the same as ``llamacpp:q4_0``. The older spellings stay
+accepted where they were: ``--dtype D`` and ``--runtime transformers`` mean the transformers
+runtime ``D``, ``--runtime llamacpp --gguf-type T`` means ``llamacpp:T``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from specdec.models import GGUF_TYPES
 
-TRANSFORMERS_DTYPES = ("int8", "bfloat16", "float32")
+TRANSFORMERS_DTYPES = ("int8", "int4", "bfloat16", "float32")
 HELP = (
-    "int8 (specdec's bit-exact int8), bfloat16, float32 (transformers), or llamacpp:TYPE "
+    "int8, int4 (specdec's runtimes: a verify pass equals its steps bit for bit), bfloat16, "
+    "float32 (transformers), or llamacpp:TYPE "
     f"with TYPE one of {', '.join(GGUF_TYPES)} (llama.cpp; needs the llamacpp extra)"
 )
 

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from specdec.backends.hf import _eos_token_ids
+from specdec.backends.int4 import RowInt4Linear
 from specdec.backends.int8 import RowInt8Linear
 from specdec.backends.int8_fused import FusedAttention, FusedMLP
 
@@ -40,11 +41,13 @@ LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"
 
 
 def supports(model: Any) -> bool:
-    """Whether ``model`` is a causal LM on the int8 runtime whose every decoder layer is a
+    """Whether ``model`` is a causal LM on the int8 or int4 runtime whose every decoder layer is a
     plain Llama-family layer with fused attention and MLP."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = getattr(decoder, "layers", None)
-    if layers is None or not isinstance(model.get_output_embeddings(), RowInt8Linear):
+    if layers is None or not isinstance(
+        model.get_output_embeddings(), RowInt8Linear | RowInt4Linear
+    ):
         return False
     if not all(hasattr(decoder, name) for name in ("embed_tokens", "rotary_emb", "norm")):
         return False

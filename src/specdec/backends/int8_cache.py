@@ -1,10 +1,12 @@
-"""The int8 runtime's form of a model, kept on disk: a second load skips the float32 weights.
+"""The int8 and int4 runtimes' form of a model, kept on disk: a second load skips the float32
+weights.
 
 Quantizing a 1.5B model means loading 6 GB of float32 weights and rounding them (about 20 s
 and 11 GB resident for the default pair on these machines). The runtime form is written
-once: every ``RowInt8Linear``'s int8 rows and scales, the other tensors (embeddings, norms)
-as they are, the config and generation config. A later load builds the model's skeleton on
-the meta device, packs the int8 rows for fbgemm and never materializes a float linear.
+once: every ``RowInt8Linear``'s int8 rows and scales (every ``RowInt4Linear``'s packed
+blocks), the other tensors (embeddings, norms) as they are, the config and generation
+config. A later load builds the model's skeleton on the meta device, packs the int8 rows
+for fbgemm and never materializes a float linear.
 
 Like the model cache, a directory counts only when its marker, written last, names the
 format, the source's fingerprint and every file's size: an interrupted or truncated write is
@@ -25,18 +27,27 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from specdec.backends.int4 import RowInt4Linear, make_int4_batch_invariant
 from specdec.backends.int8 import RowInt8Linear, make_int8_batch_invariant
 
 FORMAT = 2  # 2: q/k/v and gate/up stored fused (backends/int8_fused.py)
+KINDS = ("int8", "int4")
 MARKER = "specdec-int8.json"
 WEIGHTS = "int8.safetensors"
 _COPIED = ("config.json", "generation_config.json")
 
 
-def source_fingerprint(source: Path) -> str:
+def quantizer(kind: str):
+    """The function that puts a float32 model on runtime ``kind`` in place."""
+    if kind not in KINDS:
+        raise ValueError(f"runtime form must be one of {', '.join(KINDS)}, got {kind!r}")
+    return make_int8_batch_invariant if kind == "int8" else make_int4_batch_invariant
+
+
+def source_fingerprint(source: Path, kind: str = "int8") -> str:
     """What the runtime form was made from: the source's config and weight files (names,
-    sizes, modification times), and this format's version."""
-    digest = hashlib.sha256(f"specdec-int8-{FORMAT}".encode())
+    sizes, modification times), the runtime and this format's version."""
+    digest = hashlib.sha256(f"specdec-{kind}-{FORMAT}".encode())
     for path in sorted(source.iterdir()):
         if path.suffix in (".json", ".safetensors") and path.name != MARKER:
             stat = path.stat()
@@ -58,8 +69,8 @@ def is_complete(directory: Path, fingerprint: str) -> bool:
     )
 
 
-def save(model: nn.Module, source: Path, directory: Path) -> None:
-    """Write ``model`` (already on the int8 runtime) as its runtime form, atomically."""
+def save(model: nn.Module, source: Path, directory: Path, kind: str = "int8") -> None:
+    """Write ``model`` (already on runtime ``kind``) as its runtime form, atomically."""
     from safetensors.torch import save_file
 
     from specdec.models import write_marker
@@ -68,11 +79,18 @@ def save(model: nn.Module, source: Path, directory: Path) -> None:
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
     tensors: dict[str, torch.Tensor] = {}
-    linears = {name for name, module in model.named_modules() if isinstance(module, RowInt8Linear)}
+    linears = {
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, RowInt8Linear | RowInt4Linear)
+    }
     for name in sorted(linears):
         layer = model.get_submodule(name)
-        assert isinstance(layer, RowInt8Linear), "named as a RowInt8Linear above"
-        tensors[f"{name}.int8"], tensors[f"{name}.scales"] = layer.int8_state()
+        if isinstance(layer, RowInt4Linear):
+            tensors[f"{name}.int4"] = layer.packed
+        else:
+            assert isinstance(layer, RowInt8Linear), "named as a quantized linear above"
+            tensors[f"{name}.int8"], tensors[f"{name}.scales"] = layer.int8_state()
         if layer.bias is not None:
             tensors[f"{name}.bias"] = layer.bias
     for name, tensor in model.state_dict().items():
@@ -83,15 +101,16 @@ def save(model: nn.Module, source: Path, directory: Path) -> None:
     for name in _COPIED:
         if (source / name).is_file():
             shutil.copy2(source / name, building / name)
-    write_marker(building, MARKER, {"format": FORMAT, "source": source_fingerprint(source)})
+    fingerprint = source_fingerprint(source, kind)
+    write_marker(building, MARKER, {"format": FORMAT, "source": fingerprint})
     shutil.rmtree(directory, ignore_errors=True)  # whatever is there failed the check
     building.replace(directory)
 
 
 def load(directory: Path, progress=None) -> PreTrainedModel:
-    """The int8 model from its runtime form (see ``is_complete`` first). Two threads read and
-    pack the linears (fbgemm's prepack releases the GIL); nothing is memory-mapped, so the
-    file's pages do not add to the resident set while it loads."""
+    """The int8 or int4 model from its runtime form (see ``is_complete`` first). Two threads
+    read and pack the linears (fbgemm's prepack releases the GIL); nothing is memory-mapped,
+    so the file's pages do not add to the resident set while it loads."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     from specdec.backends.int8 import finish_int8_model
@@ -101,10 +120,12 @@ def load(directory: Path, progress=None) -> PreTrainedModel:
     with torch.device("meta"):
         model = fuse_projections(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
     reader = _Reader(directory / WEIGHTS)
-    linears = sorted({n.rsplit(".", 1)[0] for n in reader.names if n.endswith(".int8")})
+    linears = sorted({n.rsplit(".", 1)[0] for n in reader.names if n.endswith((".int8", ".int4"))})
 
-    def build(name: str) -> tuple[str, RowInt8Linear]:
+    def build(name: str) -> tuple[str, nn.Module]:
         bias = reader.read(f"{name}.bias") if f"{name}.bias" in reader.names else None
+        if f"{name}.int4" in reader.names:
+            return name, RowInt4Linear.from_packed(reader.read(f"{name}.int4"), bias)
         int8, scales = reader.read(f"{name}.int8"), reader.read(f"{name}.scales")
         return name, RowInt8Linear.from_int8(int8, scales, bias)
 
@@ -113,7 +134,7 @@ def load(directory: Path, progress=None) -> PreTrainedModel:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, layer)
             if progress is not None:
-                progress("loading the int8 runtime", done, len(linears))
+                progress("loading the quantized runtime", done, len(linears))
     floats = {
         name.removeprefix("float:"): reader.read(name, mapped=reader.size(name) > MAP_ABOVE)
         for name in reader.names
@@ -129,8 +150,14 @@ def load(directory: Path, progress=None) -> PreTrainedModel:
     return model
 
 
-_DTYPES = {"I8": torch.int8, "F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16}
-_NUMPY = {"I8": np.int8, "F64": np.float64, "F32": np.float32}
+_DTYPES = {
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+}
+_NUMPY = {"I8": np.int8, "U8": np.uint8, "F64": np.float64, "F32": np.float32}
 MAP_ABOVE = 64 * 1024 * 1024  # float tensors larger than this are mapped, not copied
 
 
@@ -195,14 +222,17 @@ def _rebuild_meta_buffers(model: nn.Module, config) -> None:
     assert not left, f"tensors missing from the int8 runtime form: {left[:5]}"
 
 
-def load_or_build(source: Path, directory: Path, progress=None) -> PreTrainedModel:
-    """The int8 model of the float32 model in ``source``: from ``directory`` when it holds a
-    complete runtime form of this source, else quantized now and written there."""
+def load_or_build(
+    source: Path, directory: Path, progress=None, kind: str = "int8"
+) -> PreTrainedModel:
+    """The int8 (int4) model of the float32 model in ``source``: from ``directory`` when it
+    holds a complete runtime form of this source, else quantized now and written there."""
     from transformers import AutoModelForCausalLM
 
     from specdec.models import file_lock
 
-    fingerprint = source_fingerprint(source)
+    make = quantizer(kind)
+    fingerprint = source_fingerprint(source, kind)
     if is_complete(directory, fingerprint):
         return load(directory, progress)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -210,6 +240,6 @@ def load_or_build(source: Path, directory: Path, progress=None) -> PreTrainedMod
         if is_complete(directory, fingerprint):  # another process wrote it while we waited
             return load(directory, progress)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-        make_int8_batch_invariant(model, progress)
-        save(model, source, directory)
+        make(model, progress)
+        save(model, source, directory, kind)
     return model

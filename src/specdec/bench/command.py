@@ -28,6 +28,7 @@ from specdec.bench.systems import (
 )
 from specdec.config import VERIFICATIONS, SamplingParams
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.runtime import TRANSFORMERS_DTYPES
 
 
 def add_parser(commands) -> None:
@@ -50,7 +51,7 @@ def add_parser(commands) -> None:
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default: {DEFAULT_DRAFT})")
     p.add_argument(
         "--dtype",
-        choices=["int8", "bfloat16", "float32"],
+        choices=TRANSFORMERS_DTYPES,
         default="int8",
         help="transformers runtime of both models for systems without @RUNTIME, and of "
         "plain, the baseline of every ratio (default: int8)",
@@ -218,6 +219,10 @@ def _pool(args: argparse.Namespace) -> tuple[ModelPool, str]:
             model = target if role == "target" else perturbed_copy(target, noise=0.03, seed=1)
             if dtype == "int8":
                 return make_int8_batch_invariant(model)
+            if dtype == "int4":
+                from specdec.backends.int4 import make_int4_batch_invariant
+
+                return make_int4_batch_invariant(model)
             return model.to(torch_dtype(dtype))
 
         return ModelPool(char_tokenizer(), load_tiny), "tiny random Llama (quick mode)"

@@ -1,0 +1,186 @@
+"""A batch-invariant int4 CPU runtime: 4-bit weights read once for every row of a verify pass.
+
+Why: on these memory-bound 2-core machines bytes per weight decide a step, and the int8
+runtime reads 1.54 GB a step of the 1.5B against llama.cpp's Q4_K_M ~0.9 GB. The 4-bit
+kernels at hand cannot verify cheaply (docs/runtime-search.md): PyTorch's int4 kernel and
+llama.cpp take rows in groups of 4, so a 5-token pass costs 2.4-3.8 steps. specdec's own
+kernel (``kernels/int4_linear.cpp``, compiled on first use) unpacks each block of weights
+once and applies it to all rows of the pass while it sits in registers.
+
+Format: groups of 32 inputs with a float16 scale and minimum each (w = d * code + m, code
+0..15; 5 bits a weight with the scales), activations quantized per row in groups of 32 to
+int8. A row's output depends on that row alone, computed in a fixed order by one thread
+(the kernel's header has the argument): block == steps bit for bit at any thread count,
+and the AVX-512, AVX2 and scalar paths agree bit for bit too. The rest of the model runs as
+on the int8 runtime (fused projections, token-by-token norms and activations, row attention).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+GROUP = 32  # inputs per scale
+TILE = 16  # output columns per packed block
+BLOCK = 320  # bytes per (tile, group): 256 code bytes, 16 float16 scales, 16 float16 minimums
+SOURCE = Path(__file__).with_name("kernels") / "int4_linear.cpp"
+PATHS = {0: "scalar", 1: "AVX2", 2: "AVX-512 VNNI"}
+
+_kernel = None
+_kernel_lock = threading.Lock()
+
+
+class KernelUnavailable(RuntimeError):
+    """The int4 kernel could not be compiled or loaded here (no C++ compiler, ...)."""
+
+
+def kernel_dir() -> Path:
+    from specdec.models import cache_root
+
+    return cache_root(None) / "kernels"
+
+
+def kernel():
+    """The compiled kernel module, built on first use (about a minute) into the specdec cache,
+    keyed by the source, torch and Python versions."""
+    global _kernel
+    with _kernel_lock:
+        if _kernel is None:
+            _kernel = _build()
+        return _kernel
+
+
+def _build():
+    from torch.utils import cpp_extension
+
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + torch.__version__.encode() + sys.version.encode()).hexdigest()[
+        :16
+    ]
+    name = f"specdec_int4_{key}"
+    directory = kernel_dir() / name
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp_extension.load(
+            name=name,
+            sources=[str(SOURCE)],
+            build_directory=str(directory),
+            extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")),
+        )
+    except (OSError, RuntimeError, ImportError) as error:
+        raise KernelUnavailable(
+            f"the int4 kernel did not build ({str(error).strip().splitlines()[-1]}); it needs a "
+            "C++ compiler (g++) and ninja: use --target-runtime int8 instead"
+        ) from error
+
+
+def best_path() -> int:
+    """The kernel's code path on this CPU: 2 AVX-512 VNNI, 1 AVX2, 0 scalar."""
+    return int(kernel().best_path())
+
+
+def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """4-bit codes per group of 32 inputs.  weight  # [out, in] -> (codes uint8 [out, in],
+    scales float16 [out, in / 32], minimums float16 [out, in / 32]); w ~ scale * code + min.
+    The codes are rounded against the float16 scale and minimum that are stored."""
+    rows, width = weight.shape
+    grouped = weight.float().reshape(rows, width // GROUP, GROUP)
+    low, high = grouped.amin(-1), grouped.amax(-1)
+    minimum = low.half()
+    scale = ((high - minimum.float()) / 15).half()
+    safe = scale.float().clamp(min=torch.finfo(torch.float16).tiny).unsqueeze(-1)
+    codes = ((grouped - minimum.float().unsqueeze(-1)) / safe).round_().clamp_(0, 15)
+    codes = torch.where(scale.unsqueeze(-1) == 0, torch.zeros_like(codes), codes)
+    return codes.to(torch.uint8).reshape(rows, width), scale, minimum
+
+
+def pack(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> torch.Tensor:
+    """The kernel's layout (``kernels/int4_linear.cpp``): uint8 [out / 16, in / 32, 320]."""
+    rows, width = codes.shape
+    tiles, groups = rows // TILE, width // GROUP
+    # [tile, column, group, quad, 4] -> [tile, group, quad, column, 4]
+    quads = codes.reshape(tiles, TILE, groups, 8, 4).permute(0, 2, 3, 1, 4)
+    quads = quads.reshape(tiles, groups, 8, TILE * 4)
+    nibbles = quads[:, :, :4] | (quads[:, :, 4:] << 4)  # chunk q: quad q low, quad q + 4 high
+    per_tile = (tiles, TILE, groups)
+    d = scales.reshape(per_tile).permute(0, 2, 1).contiguous().view(torch.uint8)
+    m = minimums.reshape(per_tile).permute(0, 2, 1).contiguous().view(torch.uint8)
+    return torch.cat([nibbles.reshape(tiles, groups, 256), d, m], dim=-1).contiguous()
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> torch.Tensor:
+    """The float32 weight the codes stand for (for tests and quality checks)."""
+    rows, width = codes.shape
+    grouped = codes.float().reshape(rows, width // GROUP, GROUP)
+    weight = grouped * scales.float().unsqueeze(-1) + minimums.float().unsqueeze(-1)
+    return weight.reshape(rows, width)
+
+
+def fits(linear: nn.Linear) -> bool:
+    """Whether the kernel takes this layer's shape (outputs a multiple of 16, inputs of 32)."""
+    return linear.out_features % TILE == 0 and linear.in_features % GROUP == 0
+
+
+class RowInt4Linear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        codes, scales, minimums = quantize_groups(linear.weight.detach())
+        bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self._set(pack(codes, scales, minimums), bias)
+
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor, bias: torch.Tensor | None) -> RowInt4Linear:
+        """From ``packed`` (the on-disk runtime cache's tensor): no float weights."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._set(packed, bias)
+        return layer
+
+    def _set(self, packed: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.packed, self.bias = packed, bias
+        self.out_features, self.in_features = packed.shape[0] * TILE, packed.shape[1] * GROUP
+        self.path = -1  # the best path for this CPU; tests pin one
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x  # [..., in_features]
+        rows = x.reshape(-1, x.shape[-1]).float()
+        out = kernel().int4_linear(rows, self.packed, self.bias, self.path)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def make_int4_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrainedModel:
+    """Swap every nn.Linear the kernel fits for RowInt4Linear (others for RowInt8Linear),
+    fuse q/k/v and gate/up first, and run the rest as the int8 runtime does. The model must
+    be float32 on the CPU; it is changed in place and returned."""
+    from specdec.backends.int8 import RowInt8Linear, finish_int8_model
+    from specdec.backends.int8_fused import fuse_projections
+
+    kernel()  # fail before any work if it cannot build
+    fuse_projections(model)
+    slots = [
+        (module, name, child)
+        for module in model.modules()
+        for name, child in module.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+
+    def swap(slot):
+        module, name, child = slot
+        return module, name, RowInt4Linear(child) if fits(child) else RowInt8Linear(child)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for done, (module, name, layer) in enumerate(pool.map(swap, slots), start=1):
+            setattr(module, name, layer)
+            if progress is not None:
+                progress("quantizing to int4", done, len(slots))
+    finish_int8_model(model)
+    return model

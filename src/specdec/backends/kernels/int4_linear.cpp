@@ -1,0 +1,352 @@
+// specdec's int4 linear layer: 4-bit weights in groups of 32 (a scale and a minimum per
+// group, float16), int8 activations in groups of 32 (a scale per group), for the CPU.
+//
+// Why a kernel of our own (measured in docs/runtime-search.md): PyTorch's int4 kernel
+// unpacks at about half the memory speed and takes rows in groups of 4, so a 5-token verify
+// pass costs 2.4-2.8 one-token steps; llama.cpp's multi-token passes cost 2.4-3.8 steps here.
+// This kernel unpacks each block of weights once and applies it to every row of the block
+// while it sits in registers, so a pass of a few tokens reads the weights once.
+//
+// Exactness (block == steps, bit for bit, at any thread count): output (row r, column n) is
+//   acc = 0
+//   for each group g in order: isum = sum over the group of code[n,k] * a[r,k]  (int32, exact)
+//                              t    = float(isum) * d[n,g]
+//                              acc  = fma(t, da[r,g], acc)
+//                              acc  = fma(m[n,g], das[r,g], acc)
+//   out  = acc + bias[n]
+// where a row's int8 codes a, its scales da and das = da * sum(a over the group) depend on
+// that row alone. Each (r, n) is computed by one thread with this sequence of roundings
+// whatever the number of rows, the thread count or the code path (AVX-512 VNNI, AVX2,
+// scalar): the integer sums are exact and every float operation is the same in the same
+// order. The file is compiled with -ffp-contract=off so that the compiler adds no fusion.
+//
+// Layout of a packed weight, uint8 [tiles = N / 16, groups = K / 32, 320]: block (t, g) holds
+// 256 bytes of codes for columns 16t..16t+15 and inputs 32g..32g+31, then the 16 columns'
+// float16 scales d (32 bytes), then their float16 minimums m (32 bytes). The codes form
+// 8 "quads" j (inputs 32g+4j..32g+4j+3) of 64 codes each, code of (column c, input 4j+i) at
+// byte 4c+i of the quad; bytes p (0..63) of chunk q (0..3) hold quad q in the low nibble
+// and quad q+4 in the high nibble. A weight is w = d * code + m, code in 0..15.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int kGroup = 32;
+constexpr int kTile = 16;
+constexpr int kBlock = 320;  // 256 code bytes + 16 float16 scales + 16 float16 minimums
+constexpr int kRowsPerPass = 8;
+
+struct Activations {
+  const int8_t* codes;  // [rows, K]
+  const float* da;      // [rows, G]
+  const float* das;     // [rows, G]
+  int64_t k;
+  int64_t groups;
+};
+
+float half_to_float(uint16_t h) {
+  // Exact IEEE binary16 -> binary32 (every half is a float); no rounding involved.
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {
+      exponent = 127 - 15 + 1;
+      while ((mantissa & 0x400) == 0) {
+        mantissa <<= 1;
+        exponent -= 1;
+      }
+      mantissa &= 0x3ff;
+      bits = sign | (exponent << 23) | (mantissa << 13);
+    }
+  } else if (exponent == 0x1f) {
+    bits = sign | 0x7f800000 | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+// One row's int8 codes per group of 32: da = max|x| / 127, code = nearest(x * (127 / max|x|)).
+void quantize_row(const float* x, int64_t k, int8_t* codes, float* da, float* das) {
+  for (int64_t g = 0; g < k / kGroup; ++g) {
+    const float* in = x + g * kGroup;
+    float amax = 0.0f;
+    for (int i = 0; i < kGroup; ++i) amax = std::fmax(amax, std::fabs(in[i]));
+    int32_t sum = 0;
+    if (amax > 0.0f && std::isfinite(amax)) {
+      const float inverse = 127.0f / amax;
+      for (int i = 0; i < kGroup; ++i) {
+        float q = std::nearbyint(in[i] * inverse);
+        q = std::fmin(127.0f, std::fmax(-127.0f, q));
+        codes[g * kGroup + i] = static_cast<int8_t>(q);
+        sum += static_cast<int32_t>(q);
+      }
+      da[g] = amax / 127.0f;
+    } else {
+      std::memset(codes + g * kGroup, 0, kGroup);
+      da[g] = 0.0f;
+    }
+    das[g] = da[g] * static_cast<float>(sum);
+  }
+}
+
+// ---------------------------------------------------------------- scalar (the reference)
+
+void tile_scalar(const uint8_t* blocks, const Activations& a, int64_t row0, int64_t rows,
+                 const float* bias, float* out, int64_t n_total, int64_t col0) {
+  for (int64_t r = row0; r < row0 + rows; ++r) {
+    float acc[kTile] = {};
+    for (int64_t g = 0; g < a.groups; ++g) {
+      const uint8_t* block = blocks + g * kBlock;
+      const uint16_t* d = reinterpret_cast<const uint16_t*>(block + 256);
+      const uint16_t* m = reinterpret_cast<const uint16_t*>(block + 288);
+      const int8_t* x = a.codes + r * a.k + g * kGroup;
+      const float da = a.da[r * a.groups + g];
+      const float das = a.das[r * a.groups + g];
+      for (int c = 0; c < kTile; ++c) {
+        int32_t isum = 0;
+        for (int j = 0; j < 8; ++j) {
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t byte = block[(j % 4) * 64 + 4 * c + i];
+            const int32_t code = j < 4 ? (byte & 0x0f) : (byte >> 4);
+            isum += code * static_cast<int32_t>(x[4 * j + i]);
+          }
+        }
+        const float t = static_cast<float>(isum) * half_to_float(d[c]);
+        acc[c] = std::fma(t, da, acc[c]);
+        acc[c] = std::fma(half_to_float(m[c]), das, acc[c]);
+      }
+    }
+    for (int c = 0; c < kTile; ++c) {
+      out[r * n_total + col0 + c] = bias ? acc[c] + bias[col0 + c] : acc[c];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- AVX2 (8 columns a register)
+
+__attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* blocks,
+                                                       const Activations& a, int64_t row0,
+                                                       int64_t rows, const float* bias,
+                                                       float* out, int64_t n_total,
+                                                       int64_t col0) {
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int half = 0; half < 2; ++half) {
+    for (int64_t r0 = row0; r0 < row0 + rows; r0 += kRowsPerPass) {
+      const int64_t n = std::min<int64_t>(kRowsPerPass, row0 + rows - r0);
+      __m256 acc[kRowsPerPass];
+      for (int64_t r = 0; r < n; ++r) acc[r] = _mm256_setzero_ps();
+      for (int64_t g = 0; g < a.groups; ++g) {
+        const uint8_t* block = blocks + g * kBlock;
+        __m256i codes[8];
+        for (int q = 0; q < 4; ++q) {
+          const __m256i packed =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + q * 64 + half * 32));
+          codes[q] = _mm256_and_si256(packed, low_nibbles);
+          codes[q + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+        }
+        const __m256 d = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 256 + half * 16)));
+        const __m256 m = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 288 + half * 16)));
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t row = r0 + r;
+          const int8_t* x = a.codes + row * a.k + g * kGroup;
+          __m256i isum = _mm256_setzero_si256();
+          for (int j = 0; j < 8; ++j) {
+            int32_t quad;
+            std::memcpy(&quad, x + 4 * j, 4);
+            const __m256i products = _mm256_maddubs_epi16(codes[j], _mm256_set1_epi32(quad));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(products, ones));
+          }
+          const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d);
+          acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(a.da[row * a.groups + g]), acc[r]);
+          acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.das[row * a.groups + g]), acc[r]);
+        }
+      }
+      for (int64_t r = 0; r < n; ++r) {
+        __m256 result = acc[r];
+        const int64_t col = col0 + half * 8;
+        if (bias) result = _mm256_add_ps(result, _mm256_loadu_ps(bias + col));
+        _mm256_storeu_ps(out + (r0 + r) * n_total + col, result);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- AVX-512 VNNI (16 columns)
+
+// dpbusd with the activation quad broadcast straight from memory (EVEX {1to16}): one
+// instruction instead of a broadcast and a product (GCC does not fold it by itself).
+__attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_broadcast(
+    __m512i acc, __m512i codes, const int8_t* quad) {
+  asm("vpdpbusd %[quad]%{1to16%}, %[codes], %[acc]"
+      : [acc] "+v"(acc)
+      : [codes] "v"(codes), [quad] "m"(*reinterpret_cast<const int32_t*>(quad)));
+  return acc;
+}
+
+// R rows at once, unrolled, so that their independent chains overlap; every row meets the
+// same instructions in the same order whatever R is.
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) inline void rows_avx512(
+    const uint8_t* blocks, const Activations& a, int64_t r0, const float* bias, float* out,
+    int64_t n_total, int64_t col0) {
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int8_t* x[R];
+  for (int r = 0; r < R; ++r) x[r] = a.codes + (r0 + r) * a.k;
+  for (int64_t g = 0; g < a.groups; ++g) {
+    const uint8_t* block = blocks + g * kBlock;
+    __m512i codes[8];
+    for (int q = 0; q < 4; ++q) {
+      const __m512i packed = _mm512_loadu_si512(block + q * 64);
+      codes[q] = _mm512_and_si512(packed, low_nibbles);
+      codes[q + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+    }
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      for (int r = 0; r < R; ++r) {
+        isum[r] = dpbusd_broadcast(isum[r], codes[j], x[r] + g * kGroup + 4 * j);
+      }
+    }
+    const __m512 d =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 256)));
+    const __m512 m =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 288)));
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = r0 + r;
+      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), d);
+      acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(a.da[row * a.groups + g]), acc[r]);
+      acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.das[row * a.groups + g]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    __m512 result = acc[r];
+    if (bias) result = _mm512_add_ps(result, _mm512_loadu_ps(bias + col0));
+    _mm512_storeu_ps(out + (r0 + r) * n_total + col0, result);
+  }
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) void rows_avx512_call(
+    const uint8_t* blocks, const Activations& a, int64_t r0, const float* bias, float* out,
+    int64_t n_total, int64_t col0) {
+  rows_avx512<R>(blocks, a, r0, bias, out, n_total, col0);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) void tile_avx512(
+    const uint8_t* blocks, const Activations& a, int64_t row0, int64_t rows, const float* bias,
+    float* out, int64_t n_total, int64_t col0) {
+  using RowsFn = void (*)(const uint8_t*, const Activations&, int64_t, const float*, float*,
+                          int64_t, int64_t);
+  static constexpr RowsFn by_count[kRowsPerPass + 1] = {
+      nullptr,
+      rows_avx512_call<1>,
+      rows_avx512_call<2>,
+      rows_avx512_call<3>,
+      rows_avx512_call<4>,
+      rows_avx512_call<5>,
+      rows_avx512_call<6>,
+      rows_avx512_call<7>,
+      rows_avx512_call<8>,
+  };
+  for (int64_t r0 = row0; r0 < row0 + rows; r0 += kRowsPerPass) {
+    const int64_t n = std::min<int64_t>(kRowsPerPass, row0 + rows - r0);
+    by_count[n](blocks, a, r0, bias, out, n_total, col0);
+  }
+}
+
+using TileFn = void (*)(const uint8_t*, const Activations&, int64_t, int64_t, const float*,
+                        float*, int64_t, int64_t);
+
+// 0: scalar, 1: AVX2, 2: AVX-512 VNNI.
+int best_path() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
+    return 2;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+  return 0;
+}
+
+TileFn tile_fn(int64_t path) {
+  const int best = best_path();
+  TORCH_CHECK(path >= -1 && path <= best, "int4 path ", path, " is not available on this CPU");
+  switch (path < 0 ? best : path) {
+    case 2:
+      return tile_avx512;
+    case 1:
+      return tile_avx2;
+    default:
+      return tile_scalar;
+  }
+}
+
+}  // namespace
+
+// x  # [rows, K] float32; packed  # [N / 16, K / 32, 320] uint8; bias  # [N] float32 or None
+torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+                          int64_t path) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x: [rows, K] float32");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 &&
+                  packed.size(2) == kBlock && packed.is_contiguous(),
+              "packed: [N / 16, K / 32, 320] uint8, contiguous");
+  const int64_t rows = x.size(0), k = x.size(1);
+  const int64_t tiles = packed.size(0), groups = packed.size(1);
+  TORCH_CHECK(k == groups * kGroup, "x has ", k, " inputs, the weight ", groups * kGroup);
+  const int64_t n_total = tiles * kTile;
+  const float* bias_data = nullptr;
+  torch::Tensor bias_tensor;
+  if (bias.has_value() && bias->defined()) {
+    bias_tensor = bias->contiguous();
+    TORCH_CHECK(bias_tensor.scalar_type() == torch::kFloat32 && bias_tensor.numel() == n_total,
+                "bias: [N] float32");
+    bias_data = bias_tensor.data_ptr<float>();
+  }
+  const TileFn tile = tile_fn(path);
+  const torch::Tensor input = x.contiguous();
+  std::vector<int8_t> codes(rows * k);
+  std::vector<float> da(rows * groups), das(rows * groups);
+  const float* in = input.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      quantize_row(in + r * k, k, codes.data() + r * k, da.data() + r * groups,
+                   das.data() + r * groups);
+    }
+  });
+  const Activations a{codes.data(), da.data(), das.data(), k, groups};
+  torch::Tensor out = torch::empty({rows, n_total}, x.options());
+  float* out_data = out.data_ptr<float>();
+  const uint8_t* weights = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      tile(weights + t * groups * kBlock, a, 0, rows, bias_data, out_data, n_total, t * kTile);
+    }
+  });
+  return out;
+}
+
+int64_t int4_best_path() { return best_path(); }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int4_linear", &int4_linear, "x @ W^T + b with W packed by specdec.backends.int4");
+  m.def("best_path", &int4_best_path, "0 scalar, 1 AVX2, 2 AVX-512 VNNI");
+}

@@ -1,0 +1,194 @@
+"""The int4 runtime: its kernel's paths agree bit for bit, a block equals its steps bit for bit
+at real layer sizes and any thread count, and speculation on it equals plain decoding."""
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import backend, char_tokenizer, perturbed_copy, tiny_llama
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends import int4, int8_cache
+from specdec.backends.int4 import RowInt4Linear, make_int4_batch_invariant
+from specdec.drafters import ModelDrafter
+from specdec.loading import load_hf
+
+THREADS = [1, 2, 3, 4, 8]
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def random_linear(out_features: int, in_features: int, seed: int, bias: bool = True):
+    generator = torch.Generator().manual_seed(seed)
+    layer = nn.Linear(in_features, out_features, bias=bias)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(out_features, in_features, generator=generator) * 0.05)
+        if bias:
+            layer.bias.copy_(torch.randn(out_features, generator=generator))
+    return layer
+
+
+def reference(layer: RowInt4Linear, codes, scales, minimums, x: torch.Tensor) -> torch.Tensor:
+    """The kernel's arithmetic written out in torch, float64: activations quantized per group
+    of 32 to int8, integer group sums, scaled. Close to the kernel, not bit for bit (the
+    kernel rounds in float32)."""
+    rows, width = x.shape
+    groups = x.reshape(rows, width // 32, 32)
+    amax = groups.abs().amax(-1, keepdim=True)
+    inverse = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    quantized = (groups * inverse).round().clamp(-127, 127).double()
+    da = (amax / 127.0).double()
+    weight = int4.dequantize(codes, scales, minimums).double()
+    out = (quantized * da).reshape(rows, width) @ weight.T
+    return out + (layer.bias.double() if layer.bias is not None else 0.0)
+
+
+def test_quantized_weights_stay_within_half_a_step():
+    weight = random_linear(64, 256, seed=1).weight.detach()
+    codes, scales, minimums = int4.quantize_groups(weight)
+    assert codes.dtype == torch.uint8 and int(codes.max()) <= 15
+    error = (int4.dequantize(codes, scales, minimums) - weight).abs().reshape(64, 8, 32)
+    # half a quantization step, plus the float16 rounding of the scale and minimum
+    bound = scales.float().unsqueeze(-1) * 0.5 + 2e-3
+    assert bool((error <= bound).all())
+
+
+def test_a_constant_group_is_exact():
+    weight = torch.full((16, 32), 0.25)
+    codes, scales, minimums = int4.quantize_groups(weight)
+    assert torch.equal(int4.dequantize(codes, scales, minimums), weight)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_kernel_computes_the_quantized_product(bias):
+    layer = random_linear(48, 96, seed=2, bias=bias)
+    codes, scales, minimums = int4.quantize_groups(layer.weight.detach())
+    int4_layer = RowInt4Linear(layer)
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(3))
+    x[1, :32] = 0.0  # a group of zeros
+    expected = reference(int4_layer, codes, scales, minimums, x)
+    assert torch.allclose(int4_layer(x).double(), expected, atol=1e-4, rtol=1e-5)
+
+
+def available_paths() -> list[int]:
+    return list(range(int4.best_path() + 1))
+
+
+@pytest.mark.parametrize("shape", [(2048, 1536), (1536, 8960), (48, 64)])
+def test_every_code_path_gives_the_same_bits(shape):
+    """Scalar, AVX2 and AVX-512 VNNI (those this CPU has) agree bit for bit, at the 1.5B's
+    layer sizes, for 1 to 9 rows."""
+    layer = RowInt4Linear(random_linear(*shape, seed=4))
+    x = torch.randn(9, shape[1], generator=torch.Generator().manual_seed(5)) * 2.0
+    results = []
+    for path in available_paths():
+        layer.path = path
+        results.append(layer(x))
+    assert all(torch.equal(result, results[0]) for result in results[1:])
+
+
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 7, 8, 9, 12, 17, 40])
+def test_a_row_does_not_depend_on_its_neighbours(threads, rows):
+    layer = RowInt4Linear(random_linear(8960, 1536, seed=6))
+    x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows))
+    singles = torch.cat([layer(x[i : i + 1]) for i in range(rows)])
+    for count in THREADS:
+        torch.set_num_threads(count)
+        assert torch.equal(layer(x), singles), f"{rows} rows, {count} threads"
+
+
+def test_a_path_this_cpu_lacks_is_refused():
+    layer = RowInt4Linear(random_linear(16, 32, seed=7))
+    layer.path = 3
+    with pytest.raises(RuntimeError, match="not available"):
+        layer(torch.randn(1, 32))
+
+
+@pytest.fixture(scope="module")
+def int4_pair():
+    target = make_int4_batch_invariant(tiny_llama(seed=0))
+    draft = make_int4_batch_invariant(perturbed_copy(tiny_llama(seed=0), noise=0.03, seed=1))
+    return target, draft
+
+
+def test_the_tiny_model_runs_its_linears_in_int4(int4_pair):
+    kinds = {type(module).__name__ for module in int4_pair[0].modules()}
+    assert "RowInt4Linear" in kinds
+    assert not any(type(module) is nn.Linear for module in int4_pair[0].modules())
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 8])
+def test_int4_greedy_speculation_equals_int4_plain(int4_pair, k):
+    target, draft = int4_pair
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    for prompt in ([5, 9, 2], [7, 1, 30, 12, 4, 4, 9, 2, 3, 11, 5]):
+        expected = Engine(backend(target)).generate(prompt, params)
+        out = Engine(backend(target), ModelDrafter(backend(draft))).generate(
+            prompt, params, SpecConfig(k=k)
+        )
+        assert out.token_ids == expected.token_ids
+        assert out.stats.accepted_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def real_size_int4_model():
+    from specdec.doctor import real_size_model
+
+    return make_int4_batch_invariant(real_size_model())
+
+
+@pytest.mark.parametrize("count", THREADS)
+def test_blocks_equal_steps_at_real_layer_sizes(real_size_int4_model, threads, count):
+    """Hidden 1536, intermediate 8960 (the 1.5B's layers), blocks of 2..12 tokens."""
+    from specdec.doctor import check_block_equals_steps
+
+    result = check_block_equals_steps(real_size_int4_model, count)
+    assert result.ok, f"{result.mismatched} of {result.blocks} blocks differ at {count} threads"
+
+
+# ---- the on-disk runtime form ------------------------------------------------------------
+
+IDS = [5, 9, 2, 7, 7, 1, 30, 12]
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    directory = tmp_path / "tiny"
+    tiny_llama(seed=0).save_pretrained(directory)
+    char_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def test_a_cached_int4_load_is_the_same_model_bit_for_bit(model_dir, tmp_path):
+    cache = tmp_path / "cache" / "int8"
+    built = load_hf(model_dir, "int4", int8_cache=cache)
+    loaded = load_hf(model_dir, "int4", int8_cache=cache)
+    (entry,) = [path for path in (tmp_path / "cache" / "int4").iterdir() if path.is_dir()]
+    assert (entry / int8_cache.MARKER).is_file()
+    assert not cache.exists(), "int4 entries live beside the int8 ones, not among them"
+    expected = load_hf(model_dir, "int4").forward(IDS)
+    for model in (built, loaded):
+        assert torch.equal(model.forward(IDS), expected)
+    assert any(isinstance(m, RowInt4Linear) for m in loaded.model.modules())
+
+
+def test_a_truncated_int4_entry_is_rebuilt(model_dir, tmp_path):
+    cache = tmp_path / "cache" / "int8"
+    expected = load_hf(model_dir, "int4", int8_cache=cache).forward(IDS)
+    (entry,) = [path for path in (tmp_path / "cache" / "int4").iterdir() if path.is_dir()]
+    weights = entry / int8_cache.WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:-100])
+    fingerprint = int8_cache.source_fingerprint(model_dir, "int4")
+    assert not int8_cache.is_complete(entry, fingerprint)
+    assert torch.equal(load_hf(model_dir, "int4", int8_cache=cache).forward(IDS), expected)
+    assert int8_cache.is_complete(entry, fingerprint)
+
+
+def test_an_int8_entry_is_not_taken_for_an_int4_one(model_dir, tmp_path):
+    assert int8_cache.source_fingerprint(model_dir, "int8") != int8_cache.source_fingerprint(
+        model_dir, "int4"
+    )
