@@ -18,6 +18,16 @@ def int8_model():
     return make_int8_batch_invariant(tiny_llama(seed=0))
 
 
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def quantized_model(request, int8_model):
+    """Each batch-invariant runtime: int8 and int4."""
+    if request.param == "int8":
+        return int8_model
+    from specdec.backends.int4 import make_int4_batch_invariant
+
+    return make_int4_batch_invariant(tiny_llama(seed=0))
+
+
 def ids(seed: int, count: int, vocab: int = 20) -> list[int]:
     return torch.randint(1, vocab, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
 
@@ -29,12 +39,12 @@ def test_only_the_fused_int8_runtime_is_supported(int8_model):
         BatchedModel(tiny_llama(seed=0))
 
 
-def test_each_sequence_gets_its_logits_and_features_alone_bit_for_bit(int8_model):
+def test_each_sequence_gets_its_logits_and_features_alone_bit_for_bit(quantized_model):
     """Three sequences of different lengths, blocks of different sizes, last_only mixed,
     a rollback in between: every row equals HFModel's over the same model."""
-    batched = BatchedModel(int8_model)
+    batched = BatchedModel(quantized_model)
     sequences = [batched.sequence() for _ in range(3)]
-    alone = [backend(int8_model) for _ in range(3)]
+    alone = [backend(quantized_model) for _ in range(3)]
     for model in [*sequences, *alone]:
         model.keep_hidden_states()
     prompts = [ids(1, 9), ids(2, 3), ids(3, 17)]
@@ -108,10 +118,20 @@ def test_a_finished_sequence_stays_a_donor_for_a_while(int8_model):
     assert batched.sequence().reuse_prefix(ids(40, 10)) == 0
 
 
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def real_size_quantized_model(request):
+    if request.param == "int8":
+        return real_size_int8_model()
+    from specdec.backends.int4 import make_int4_batch_invariant
+    from specdec.doctor import real_size_model
+
+    return make_int4_batch_invariant(real_size_model())
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3, 4, 8])
-def test_a_batch_equals_each_sequence_alone_at_real_layer_sizes(threads):
+def test_a_batch_equals_each_sequence_alone_at_real_layer_sizes(real_size_quantized_model, threads):
     """Hidden 1536, intermediate 8960; 4 sequences, blocks of 1, 3, 5 and 9 tokens."""
-    model = real_size_int8_model()
+    model = real_size_quantized_model
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -356,26 +356,29 @@ def test_draft_runtime_auto_uses_llamacpp_only_when_its_self_test_passes(
     import importlib.util
 
     from specdec import cli, models
-    from specdec.backends import draft_choice, probe
+    from specdec.backends import int4, probe, runtime_choice
     from specdec.runtime import Runtime
 
+    monkeypatch.setattr(int4, "kernel", lambda: None)  # int4 builds: a candidate too
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # "installed"
     monkeypatch.setattr(models, "ensure_gguf", lambda entry, root, *rest: tmp_path / "d.gguf")
     verdict = probe.ProbeResult(probe_ok, "ok" if probe_ok else "llama.cpp crashed with SIGILL")
     monkeypatch.setattr(probe, "llamacpp_works", lambda gguf, cache_file: verdict)
-    measured = {"int8": 21.0, "llamacpp:q4_0": 11.0}  # ms a step, as if timed
+    measured = {"int8": 21.0, "int4": 15.0, "llamacpp:q4_0": 11.0}  # ms a step, as if timed
     monkeypatch.setattr(Runtime, "load", lambda self, spec, cache_dir, progress: self.name)
-    monkeypatch.setattr(draft_choice, "step_ms", lambda loaded: measured[loaded])
+    monkeypatch.setattr(runtime_choice, "step_ms", lambda loaded: measured[loaded])
     chosen = cli.draft_runtime("auto", "qwen2.5-coder-0.5b-instruct", str(tmp_path))
-    assert chosen == ("llamacpp:q4_0" if probe_ok else "int8")
+    assert chosen == ("llamacpp:q4_0" if probe_ok else "int4")
     err = capsys.readouterr().err
     if probe_ok:  # measured once, said once
         assert "draft runtime auto -> llamacpp:q4_0" in err and err.count("\n") == 1
         assert cli.draft_runtime("auto", "qwen2.5-coder-0.5b-instruct", str(tmp_path)) == chosen
         assert capsys.readouterr().err == ""
-    else:
-        assert "SIGILL" in err and err.count("\n") == 1
-    assert cli.draft_runtime("auto", "/models/my-draft") == "int8"  # a directory
+    else:  # llama.cpp left out, the transformers runtimes still measured
+        assert "SIGILL" in err and "draft runtime auto -> int4" in err and err.count("\n") == 2
+    # a directory: no GGUF for llama.cpp, int8 and int4 measured
+    assert cli.draft_runtime("auto", "/models/my-draft", str(tmp_path)) == "int4"
+    assert cli.draft_runtime("auto", "/models/my-draft", dtype="int8") == "int8"  # as given
     assert cli.draft_runtime("transformers", "qwen2.5-coder-0.5b-instruct") == "transformers"
 
 

@@ -62,6 +62,19 @@ def test_pass_time_is_interpolated_from_measured_sizes():
     assert controller.pass_estimate(9) == pytest.approx(3.0)
 
 
+def test_short_passes_are_not_extrapolated_down_a_steep_line():
+    """Measured only at 5 and 9 tokens on a convex curve (int4: 46 and 87 ms): a line through
+    them put 3 tokens at 25 ms, half a step; below the smallest size, each token saves 5%
+    at most, and between sizes the estimate interpolates its neighbours."""
+    controller = trained(0.95, 0.0124, {5: 0.046, 9: 0.087})
+    assert controller.pass_estimate(3) == pytest.approx(0.046 * 0.9)
+    assert controller.pass_estimate(1) == pytest.approx(0.046 * 0.8)
+    assert controller.pass_estimate(7) == pytest.approx((0.046 + 0.087) / 2)
+    assert controller.pass_estimate(11) == pytest.approx(0.087 + 2 * (0.087 - 0.046) / 4)
+    # with these costs and acceptance 0.95, drafting 2-5 tokens beats 1 (the old line chose 1-2)
+    assert controller.choose_k() >= 3
+
+
 def test_observe_learns_acceptance_and_costs():
     controller = AdaptiveK(max_k=4, decay=0.9)
     for _ in range(60):

@@ -192,3 +192,44 @@ def test_an_int8_entry_is_not_taken_for_an_int4_one(model_dir, tmp_path):
     assert int8_cache.source_fingerprint(model_dir, "int8") != int8_cache.source_fingerprint(
         model_dir, "int4"
     )
+
+
+# ---- where the kernel cannot be built ------------------------------------------------------
+
+
+def test_a_failed_build_is_one_clear_error(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    def no_compiler(**kwargs):
+        raise RuntimeError("Error building extension 'specdec_int4'\ng++: not found")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    monkeypatch.setattr(int4, "kernel_dir", lambda: tmp_path)
+    with pytest.raises(int4.KernelUnavailable, match="g\\+\\+: not found.*--target-runtime int8"):
+        int4._build()
+
+
+def test_the_cli_says_so_in_one_line(monkeypatch, tmp_path, capsys):
+    from specdec.cli import main
+
+    def unavailable():
+        raise int4.KernelUnavailable("the int4 kernel did not build (no compiler)")
+
+    monkeypatch.setattr(int4, "kernel", unavailable)
+    model_dir = tmp_path / "tiny"
+    tiny_llama(seed=0).save_pretrained(model_dir)
+    char_tokenizer().save_pretrained(model_dir)
+    code = main(
+        ["generate", "ab", "--target", str(model_dir), "--dtype", "int4", "--drafter", "lookup"]
+    )
+    err = capsys.readouterr().err
+    assert code == 1 and "did not build" in err and "Traceback" not in err
+
+
+def test_doctor_checks_the_int4_runtime_too(capsys):
+    from specdec.cli import main
+
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert f"int4 runtime: kernel built, {int4.PATHS[int4.best_path()]} path" in out
+    assert out.count("8 threads: ok") == 2  # int8 and int4

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
 from specdec.backends import probe
 
 CRASH = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"]
@@ -34,7 +36,7 @@ def test_the_verdict_is_cached_per_machine(tmp_path, monkeypatch):
 
 
 def test_the_fastest_measured_draft_runtime_is_chosen_and_cached(tmp_path, monkeypatch):
-    from specdec.backends import draft_choice
+    from specdec.backends import runtime_choice
 
     timed = []
 
@@ -42,23 +44,80 @@ def test_the_fastest_measured_draft_runtime_is_chosen_and_cached(tmp_path, monke
         timed.append(runtime)
         return {"int8": 20.0, "llamacpp:q4_0": 12.5, "bfloat16": 30.0}[runtime]
 
-    choice, measured = draft_choice.choose("d", ["int8", "llamacpp:q4_0"], tmp_path, measure)
+    choice, measured = runtime_choice.choose("d", ["int8", "llamacpp:q4_0"], tmp_path, measure)
     assert measured and choice.runtime == "llamacpp:q4_0" and timed == ["int8", "llamacpp:q4_0"]
     assert "llamacpp:q4_0 12.5 ms" in choice.reason
-    again, measured = draft_choice.choose("d", ["int8", "llamacpp:q4_0"], tmp_path, measure)
+    again, measured = runtime_choice.choose("d", ["int8", "llamacpp:q4_0"], tmp_path, measure)
     assert again == choice and not measured and len(timed) == 2  # from the cache
-    assert draft_choice.cached_choices(tmp_path) == [choice]
+    assert runtime_choice.cached_choices(tmp_path) == [choice]
     # Other candidates, another draft, or another machine/build: measured again.
-    other, measured = draft_choice.choose("d", ["bfloat16", "llamacpp:q4_0"], tmp_path, measure)
+    other, measured = runtime_choice.choose("d", ["bfloat16", "llamacpp:q4_0"], tmp_path, measure)
     assert measured and other.runtime == "llamacpp:q4_0"
-    monkeypatch.setattr(draft_choice, "machine_key", lambda draft: f"another CPU|{draft}")
-    _, measured = draft_choice.choose("d", ["int8", "llamacpp:q4_0"], tmp_path, measure)
+    monkeypatch.setattr(
+        runtime_choice, "machine_key", lambda model, role="draft": f"another CPU|{model}"
+    )
+    _, measured = runtime_choice.choose("d", ["int8", "llamacpp:q4_0"], tmp_path, measure)
     assert measured
 
 
-def test_an_unreadable_draft_choice_cache_is_measured_again(tmp_path):
-    from specdec.backends import draft_choice
+def test_an_unreadable_runtime_choice_cache_is_measured_again(tmp_path):
+    from specdec.backends import runtime_choice
 
-    (tmp_path / draft_choice.CACHE_FILE).write_text("{not json")
-    choice, measured = draft_choice.choose("d", ["int8"], tmp_path, lambda runtime: 5.0)
+    (tmp_path / runtime_choice.CACHE_FILE).write_text("{not json")
+    choice, measured = runtime_choice.choose("d", ["int8"], tmp_path, lambda runtime: 5.0)
     assert measured and choice.runtime == "int8"
+
+
+# ---- the measured target runtime (--target-runtime auto) -------------------------------
+
+
+def test_the_target_is_chosen_by_its_verify_pass_and_cached(tmp_path, monkeypatch, capsys):
+    from specdec import cli
+    from specdec.backends import int4, runtime_choice
+    from specdec.runtime import Runtime
+
+    monkeypatch.setattr(int4, "kernel", lambda: None)  # "it builds"
+    monkeypatch.setattr(Runtime, "load", lambda self, spec, cache_dir, progress: self.name)
+    timed = []
+
+    def pass_ms(loaded, tokens=1):
+        timed.append((loaded, tokens))
+        return {"int8": 52.0, "int4": 46.0}[loaded]
+
+    monkeypatch.setattr(runtime_choice, "step_ms", pass_ms)
+    assert cli.target_runtime("auto", "t", str(tmp_path)) == "int4"
+    assert timed == [("int8", 5), ("int4", 5)]  # a k = 4 verify pass on each
+    err = capsys.readouterr().err
+    assert "target runtime auto -> int4" in err and "5-token pass" in err and "int8 52.0" in err
+    assert cli.target_runtime("auto", "t", str(tmp_path)) == "int4" and len(timed) == 2
+    assert capsys.readouterr().err == ""  # from the cache, silently
+    # a draft's verdict for the same model is another entry
+    (draft,) = [c for c in runtime_choice.cached_choices(tmp_path) if c.role == "target"]
+    assert draft.runtime == "int4"
+    # given choices are kept; --dtype given means no measuring
+    assert cli.target_runtime("llamacpp:q4_k_m", "t", str(tmp_path)) == "llamacpp:q4_k_m"
+    assert cli.target_runtime("auto", "other", str(tmp_path), dtype="float32") == "float32"
+    assert len(timed) == 2
+
+
+def test_without_the_int4_kernel_auto_is_int8_with_a_line(tmp_path, monkeypatch, capsys):
+    from specdec import cli
+    from specdec.backends import int4
+
+    def unavailable():
+        raise int4.KernelUnavailable("the int4 kernel did not build (no compiler)")
+
+    monkeypatch.setattr(int4, "kernel", unavailable)
+    assert cli.target_runtime("auto", "t", str(tmp_path)) == "int8"
+    assert "not considering int4: the int4 kernel did not build" in capsys.readouterr().err
+
+
+def test_a_pass_is_timed_at_one_position_and_the_cache_left_empty():
+    from helpers import backend, tiny_llama
+    from specdec.backends import runtime_choice
+
+    model = backend(tiny_llama(seed=0))
+    fresh = backend(tiny_llama(seed=0)).forward([1, 2, 3, 4])
+    assert runtime_choice.step_ms(model, repeats=3, tokens=5) > 0
+    # the cache was cut back to nothing: the model scores a new text as a fresh one does
+    assert torch.equal(model.forward([1, 2, 3, 4]), fresh)

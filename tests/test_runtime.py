@@ -12,6 +12,7 @@ from specdec.runtime import Runtime, parse_runtime, runtime_value
     "text, expected",
     [
         ("int8", Runtime("transformers", "int8")),
+        ("int4", Runtime("transformers", "int4")),
         ("bfloat16", Runtime("transformers", "bfloat16")),
         ("float32", Runtime("transformers", "float32")),
         ("llamacpp:q4_0", Runtime("llamacpp", "q4_0")),
@@ -25,7 +26,9 @@ def test_every_spelling_names_one_runtime(text, expected):
     assert parse_runtime(text, dtype="float32", gguf_type="f16") == expected
 
 
-@pytest.mark.parametrize("text", ["", "fp16", "llamacpp:int8", "llamacpp:q9", "int4"])
+@pytest.mark.parametrize(
+    "text", ["", "fp16", "llamacpp:int8", "llamacpp:q9", "int3", "llamacpp:int4"]
+)
 def test_unknown_runtimes_are_refused_with_the_valid_values(text):
     with pytest.raises(ValueError, match="llamacpp:TYPE"):
         parse_runtime(text)
@@ -34,7 +37,7 @@ def test_unknown_runtimes_are_refused_with_the_valid_values(text):
 
 
 def test_names_round_trip():
-    for text in ("int8", "bfloat16", "float32", "llamacpp:q4_0", "llamacpp:bf16"):
+    for text in ("int8", "int4", "bfloat16", "float32", "llamacpp:q4_0", "llamacpp:bf16"):
         assert parse_runtime(parse_runtime(text).name).name == text
     assert runtime_value("auto") == "auto"
 

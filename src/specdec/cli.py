@@ -372,10 +372,13 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target-runtime",
         type=runtime_value,
-        default="transformers",
+        default="auto",
         metavar="RUNTIME",
         help=f"runtime of the target: {RUNTIME_HELP}. Also accepted: transformers (the "
-        "--dtype precision) and llamacpp (the --gguf-type, default q4_k_m). Default: --dtype",
+        "--dtype precision) and llamacpp (the --gguf-type, default q4_k_m). auto (default): "
+        "--dtype when given, else whichever of int8 and int4 scores a 5-token verify pass "
+        "faster here (both bit-exact; timed once per machine and model, cached; specdec "
+        "doctor shows it)",
     )
     p.add_argument(
         "--draft-runtime",
@@ -383,10 +386,11 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         metavar="RUNTIME",
         help="runtime of the draft model, the same values, or auto (default): when "
-        "llama-cpp-python is installed, passes its self-test and the draft is a catalog "
-        "model, whichever of llama.cpp Q4_0 and --dtype steps faster here (timed once, "
-        "cached; specdec doctor shows it), else --dtype. A pair may mix runtimes when their "
-        "vocabularies agree (checked at load); the output is the target's either way",
+        "--dtype when given, else int8 or int4; when llama-cpp-python is installed, passes "
+        "its self-test and the draft is a catalog model, llama.cpp Q4_0 too: whichever steps "
+        "fastest here (timed once, cached; specdec doctor shows it). A pair may mix "
+        "runtimes when their vocabularies agree (checked at load); the output is the "
+        "target's either way",
     )
     p.add_argument(
         "--gguf-type",
@@ -465,14 +469,16 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         choices=TRANSFORMERS_DTYPES,
-        default="int8",
-        help="runtime precision (default: int8). int8: weights and activations in int8 "
-        "(fbgemm), batch-invariant, so speculative output is bit-identical to plain "
-        "int8 decoding and a k-token verify pass costs about one step. int4: 4-bit weights "
-        "(specdec's kernel, compiled on first use), batch-invariant like int8, a step "
-        "reads 0.6x its bytes; verify passes cost more per token. bfloat16: "
-        "rounds a k-token pass differently from a 1-token step (output can differ "
-        "from plain bf16 at near-ties). float32: the reference numerics, slowest",
+        default=None,
+        help="runtime precision of both models (default: chosen by --target-runtime auto "
+        "and --draft-runtime auto; int8 where nothing is measured). int8: weights and "
+        "activations in int8 (fbgemm), batch-invariant, so speculative output is "
+        "bit-identical to plain int8 decoding and a k-token verify pass costs about one "
+        "step. int4: 4-bit weights (specdec's kernel, compiled on first use), "
+        "batch-invariant like int8; a step reads 0.6x the bytes, a verify pass costs more "
+        "per extra token. bfloat16: rounds a k-token pass differently from a 1-token step "
+        "(output can differ from plain bf16 at near-ties). float32: the reference "
+        "numerics, slowest",
     )
     template = p.add_mutually_exclusive_group()
     template.add_argument(
@@ -583,20 +589,35 @@ def _doctor() -> int:
     out.write(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ")
     out.write(f"transformers {version('transformers')}; ")
     out.write(f"llama-cpp-python {version('llama-cpp-python')}\n")
-    from specdec.backends.draft_choice import cached_choices
+    from specdec.backends.runtime_choice import cached_choices
     from specdec.models import cache_root
 
     choices = cached_choices(cache_root(None))
     out.write("--draft-runtime auto, measured on this machine and these builds:")
     out.write("".join(f"\n  {c.draft} -> {c.runtime} ({c.reason})" for c in choices) or " none yet")
-    out.write("\nint8 runtime, block pass == one-token steps (bit for bit), 1536/8960 layers:\n")
-    model = doctor.real_size_int8_model()
+    out.write("\n")
+    from specdec.backends import int4
+
     failed = False
-    for threads in doctor.thread_counts():
-        result = doctor.check_block_equals_steps(model, threads)
-        verdict = "ok" if result.ok else f"{result.mismatched} of {result.blocks} blocks DIFFER"
-        out.write(f"  {threads} threads: {verdict}\n")
-        failed |= not result.ok
+    for name in ("int8", "int4"):
+        if name == "int4":
+            try:
+                path = int4.PATHS[int4.best_path()]
+            except int4.KernelUnavailable as error:
+                out.write(f"int4 runtime: not available here: {error}\n")
+                break
+            out.write(f"int4 runtime: kernel built, {path} path\n")
+            model = int4.make_int4_batch_invariant(doctor.real_size_model())
+        else:
+            model = doctor.real_size_int8_model()
+        out.write(
+            f"{name} runtime, block pass == one-token steps (bit for bit), 1536/8960 layers:\n"
+        )
+        for threads in doctor.thread_counts():
+            result = doctor.check_block_equals_steps(model, threads)
+            verdict = "ok" if result.ok else f"{result.mismatched} of {result.blocks} blocks DIFFER"
+            out.write(f"  {threads} threads: {verdict}\n")
+            failed |= not result.ok
     return 1 if failed else 0
 
 
@@ -659,43 +680,87 @@ def drafter_kinds(recipe: str) -> list[str]:
         raise UsageError(f"--{error}") from None
 
 
+def transformers_candidates(dtype: str | None) -> list[str]:
+    """The transformers runtimes ``auto`` chooses among: ``dtype`` when the user gave one,
+    else int8 and, where its kernel builds, int4 (both bit-exact block == steps)."""
+    if dtype is not None:
+        return [dtype]
+    from specdec.backends import int4
+
+    try:
+        int4.kernel()
+    except int4.KernelUnavailable as error:
+        sys.stderr.write(f"specdec: not considering int4: {error}\n")
+        return ["int8"]
+    return ["int8", "int4"]
+
+
+def target_runtime(
+    choice: str, target: str, cache_dir: str | None = None, progress=None, dtype=None
+) -> str:
+    """``auto``: ``dtype`` when given, else whichever of int8 and int4 scores a 5-token pass
+    faster on this machine, measured once per machine, build and target
+    (``backends.runtime_choice``). Other choices are returned as they are."""
+    if choice != "auto":
+        return choice
+    candidates = transformers_candidates(dtype)
+    if len(candidates) == 1:
+        return candidates[0]
+    from specdec.backends import runtime_choice
+    from specdec.models import cache_root
+
+    def measure(runtime: str) -> float:
+        loaded = parse_runtime(runtime).load(target, cache_dir, progress)
+        return runtime_choice.step_ms(loaded, tokens=runtime_choice.TARGET_PASS)
+
+    chosen, measured = runtime_choice.choose(
+        target, candidates, cache_root(cache_dir), measure, role="target"
+    )
+    if measured:
+        sys.stderr.write(f"specdec: target runtime auto -> {chosen.runtime} ({chosen.reason})\n")
+    return chosen.runtime
+
+
 def draft_runtime(
     choice: str,
     draft: str,
     cache_dir: str | None = None,
     progress=None,
-    dtype: str = "int8",
+    dtype: str | None = None,
 ) -> str:
-    """``auto``: for a catalog draft with llama-cpp-python installed and passing its
-    self-test on this machine (``backends.probe``), the runtime its step is fastest on here,
-    llama.cpp Q4_0 or ``dtype``, measured once per machine and build
-    (``backends.draft_choice``); else ``dtype``, with one line saying why when llama.cpp
-    failed. Other choices are returned as they are."""
+    """``auto``: the runtime the draft steps fastest on here among ``dtype`` (when given, else
+    int8 and int4) and, for a catalog draft with llama-cpp-python installed and passing its
+    self-test on this machine (``backends.probe``), llama.cpp Q4_0; measured once per machine
+    and build (``backends.runtime_choice``), with one line saying why when llama.cpp failed.
+    Other choices are returned as they are."""
     if choice != "auto":
         return choice
     import importlib.util
 
+    from specdec.backends import runtime_choice
     from specdec.models import CATALOG, cache_root, ensure_gguf, lookup
 
-    if importlib.util.find_spec("llama_cpp") is None or draft not in CATALOG:
-        return dtype
-    from specdec.backends import draft_choice
-    from specdec.backends.probe import REBUILD, llamacpp_works
-
+    candidates = transformers_candidates(dtype)
     root = cache_root(cache_dir)
-    gguf = ensure_gguf(lookup(draft), root, *([progress] if progress else []))
-    result = llamacpp_works(gguf, root / "llamacpp-probe.json")
-    if not result.ok:
-        sys.stderr.write(
-            f"specdec: not drafting on llama.cpp: {result.reason}; drafting on {dtype} instead. "
-            f"A build that runs everywhere: {REBUILD}\n"
-        )
-        return dtype
+    if importlib.util.find_spec("llama_cpp") is not None and draft in CATALOG:
+        from specdec.backends.probe import REBUILD, llamacpp_works
+
+        gguf = ensure_gguf(lookup(draft), root, *([progress] if progress else []))
+        result = llamacpp_works(gguf, root / "llamacpp-probe.json")
+        if result.ok:
+            candidates.append("llamacpp:q4_0")
+        else:
+            sys.stderr.write(
+                f"specdec: not drafting on llama.cpp: {result.reason}; drafting on "
+                f"{' or '.join(candidates)} instead. A build that runs everywhere: {REBUILD}\n"
+            )
+    if len(candidates) == 1:
+        return candidates[0]
 
     def measure(runtime: str) -> float:
-        return draft_choice.step_ms(parse_runtime(runtime).load(draft, cache_dir, progress))
+        return runtime_choice.step_ms(parse_runtime(runtime).load(draft, cache_dir, progress))
 
-    chosen, measured = draft_choice.choose(draft, [dtype, "llamacpp:q4_0"], root, measure)
+    chosen, measured = runtime_choice.choose(draft, candidates, root, measure)
     if measured:
         sys.stderr.write(f"specdec: draft runtime auto -> {chosen.runtime} ({chosen.reason})\n")
     return chosen.runtime
@@ -716,8 +781,12 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
     from specdec.heads.load import load_drafter
 
     with progress_bar() as progress:
-        target_runtime = parse_runtime(args.target_runtime, args.dtype, args.gguf_type or "q4_k_m")
-        target = target_runtime.load(args.target, args.cache_dir, progress)
+        dtype = args.dtype or "int8"
+        chosen = target_runtime(
+            args.target_runtime, args.target, args.cache_dir, progress, args.dtype
+        )
+        runtime = parse_runtime(chosen, dtype, args.gguf_type or "q4_k_m")
+        target = runtime.load(args.target, args.cache_dir, progress)
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
         if kinds == ["auto"]:
@@ -738,7 +807,7 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
                     args.draft_runtime, args.draft, args.cache_dir, progress, args.dtype
                 )
             )
-            runtime = parse_runtime(choice, args.dtype, args.gguf_type or "q4_0")
+            runtime = parse_runtime(choice, dtype, args.gguf_type or "q4_0")
             draft = runtime.load(args.draft, args.cache_dir, progress)
             check_same_vocabulary(target, draft)
             if args.draft_vocab:

@@ -28,6 +28,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from specdec.models import ModelError
+
 GROUP = 32  # inputs per scale
 TILE = 16  # output columns per packed block
 BLOCK = 320  # bytes per (tile, group): 256 code bytes, 16 float16 scales, 16 float16 minimums
@@ -38,8 +40,9 @@ _kernel = None
 _kernel_lock = threading.Lock()
 
 
-class KernelUnavailable(RuntimeError):
-    """The int4 kernel could not be compiled or loaded here (no C++ compiler, ...)."""
+class KernelUnavailable(ModelError):
+    """The int4 kernel could not be compiled or loaded here (no C++ compiler, ...): the CLI
+    prints its message as one line."""
 
 
 def kernel_dir() -> Path:
