@@ -169,3 +169,28 @@ def test_batch_drafting_keeps_the_faster_choice_per_batch_size_and_explores():
     assert ways == [True, False]
     policy.observe(1, False, tokens=1, seconds=0.03)  # one request: nothing to learn here
     assert (1, False) not in policy.rates
+
+
+def test_a_cold_first_pass_is_averaged_away_and_deeper_sizes_are_revisited():
+    """One slow first 5-token pass (58 ms, cold) and then the true 46 ms: averaged, not kept
+    at 80% weight; and every EXPLORE_EVERY rounds k goes one deeper than the estimate's best
+    so that a size not chosen lately is measured again."""
+    from specdec.controller import EXPLORE_EVERY
+
+    controller = AdaptiveK(max_k=8, decay=0.8)
+    controller.observe(
+        k=4, num_accepted=4, confidences=None, draft_seconds=0.05, pass_seconds=0.058
+    )
+    for _ in range(3):
+        controller.observe(
+            k=4, num_accepted=4, confidences=None, draft_seconds=0.05, pass_seconds=0.046
+        )
+    assert controller.pass_seconds[5] == pytest.approx((0.058 + 3 * 0.046) / 4)
+    trained_controller = trained(0.8, 0.1, {n: 1.0 for n in range(1, 10)})
+    best = trained_controller.choose_k()
+    assert 0 < best < 8
+    chosen = []
+    for _ in range(2 * EXPLORE_EVERY):
+        chosen.append(trained_controller.choose_k())
+        trained_controller.rounds += 1
+    assert chosen.count(best + 1) == 2 and chosen.count(best) == 2 * EXPLORE_EVERY - 2

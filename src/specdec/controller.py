@@ -11,7 +11,10 @@ the expected rate: a low-confidence draft ends the round. No separate threshold 
 All evidence decays (``decay`` per round), so the controller follows a change of text, and
 each rate also holds one undecaying pseudo-observation of an optimistic prior: after rounds
 without drafting, the estimate drifts back up and the controller tries drafting again rather
-than staying stuck on one unlucky round.
+than staying stuck on one unlucky round. A pass size's first few times are averaged, not
+decayed (one cold first pass would otherwise stand for that size until it is chosen again),
+and every ``EXPLORE_EVERY`` rounds the controller drafts one token deeper than it would, so
+the cost and acceptance of the next size stay measured.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from specdec.theory import expected_tokens_per_round_by_position
 BUCKETS = 10
 POSITION_PRIOR = 0.8  # optimistic: acceptance of a same-family draft model
 PRIOR_WEIGHT = 1.0  # pseudo-observations of the prior, never decayed
+EXPLORE_EVERY = 16  # rounds between drafts one token deeper than the best estimate
 
 
 def _ema(old: float | None, new: float, weight: float) -> float:
@@ -38,6 +42,8 @@ class AdaptiveK:
     bucket_counts: list[list[float]] = field(default_factory=list)
     draft_step_seconds: float | None = None
     pass_seconds: dict[int, float] = field(default_factory=dict)  # block size -> seconds
+    pass_counts: dict[int, int] = field(default_factory=dict)  # block size -> times observed
+    rounds: int = 0
 
     def __post_init__(self) -> None:
         self.position_counts = self.position_counts or [[0.0, 0.0] for _ in range(self.max_k)]
@@ -55,7 +61,10 @@ class AdaptiveK:
             expected_tokens_per_round_by_position(acceptance, k) / self.round_seconds(k)
             for k in range(self.max_k + 1)
         ]
-        return max(range(len(rates)), key=lambda k: (rates[k], -k))
+        best = max(range(len(rates)), key=lambda k: (rates[k], -k))
+        if 0 < best < self.max_k and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+            return best + 1
+        return best
 
     def keep_going(self, confidences: list[float]) -> bool:
         """After drafting ``len(confidences)`` tokens: is one more worth it?"""
@@ -125,9 +134,13 @@ class AdaptiveK:
     ) -> None:
         """Update from one round: what was drafted, what survived, what it cost."""
         weight = 1.0 - self.decay
+        self.rounds += 1
         if k > 0:
             self.draft_step_seconds = _ema(self.draft_step_seconds, draft_seconds / k, weight)
-        self.pass_seconds[k + 1] = _ema(self.pass_seconds.get(k + 1), pass_seconds, weight)
+        seen = self.pass_counts[k + 1] = self.pass_counts.get(k + 1, 0) + 1
+        self.pass_seconds[k + 1] = _ema(
+            self.pass_seconds.get(k + 1), pass_seconds, max(weight, 1.0 / seen)
+        )
         for counts in self.position_counts + self.bucket_counts:
             counts[0] *= self.decay
             counts[1] *= self.decay
