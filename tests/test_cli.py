@@ -432,3 +432,34 @@ def test_serve_takes_a_runtime_per_model(model_dirs):
     assert isinstance(scheduler.draft_model.get_output_embeddings(), RowInt8Linear)
     assert not isinstance(scheduler.target_model.get_output_embeddings(), RowInt8Linear)
     assert exit_code(["serve", "--target-runtime", "tpu:fp8"]) == 2
+
+
+@pytest.mark.parametrize("int4_ms, expected", [(12.4, "int4"), (13.0, "llamacpp:q4_0")])
+def test_the_draft_keeps_the_targets_runtime_when_nearly_as_fast(
+    monkeypatch, tmp_path, capsys, int4_ms, expected
+):
+    """Measured here: an int4 draft at 12.4 ms beat llama.cpp's at 12.0 ms end to end beside
+    an int4 target; more than 5% slower, the fastest wins."""
+    import importlib.util
+
+    from specdec import cli, models
+    from specdec.backends import int4, probe, runtime_choice
+    from specdec.runtime import Runtime
+
+    monkeypatch.setattr(int4, "kernel", lambda: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(models, "ensure_gguf", lambda entry, root, *rest: tmp_path / "d.gguf")
+    monkeypatch.setattr(probe, "llamacpp_works", lambda gguf, f: probe.ProbeResult(True, "ok"))
+    measured = {"int8": 20.7, "int4": int4_ms, "llamacpp:q4_0": 12.0}
+    monkeypatch.setattr(Runtime, "load", lambda self, spec, cache_dir, progress: self.name)
+    monkeypatch.setattr(runtime_choice, "step_ms", lambda loaded: measured[loaded])
+    draft = "qwen2.5-coder-0.5b-instruct"
+    chosen = cli.draft_runtime("auto", draft, str(tmp_path), target_runtime="int4")
+    assert chosen == expected
+    err = capsys.readouterr().err
+    assert f"draft runtime auto -> {expected}" in err
+    assert ("the target's own int4 is within 5%" in err) == (expected == "int4")
+    # the same cached verdict beside an int8 target: the fastest, llama.cpp
+    assert cli.draft_runtime("auto", draft, str(tmp_path), target_runtime="int8") == (
+        "llamacpp:q4_0"
+    )

@@ -219,9 +219,8 @@ def test_the_cli_says_so_in_one_line(monkeypatch, tmp_path, capsys):
     model_dir = tmp_path / "tiny"
     tiny_llama(seed=0).save_pretrained(model_dir)
     char_tokenizer().save_pretrained(model_dir)
-    code = main(
-        ["generate", "ab", "--target", str(model_dir), "--dtype", "int4", "--drafter", "lookup"]
-    )
+    args = ["generate", "ab", "--target", str(model_dir), "--dtype", "int4"]
+    code = main([*args, "--drafter", "lookup", "--cache-dir", str(tmp_path / "cache")])
     err = capsys.readouterr().err
     assert code == 1 and "did not build" in err and "Traceback" not in err
 
