@@ -17,3 +17,14 @@ def target_model():
 def draft_model(target_model):
     """Agrees with the target on roughly half of its greedy tokens."""
     return perturbed_copy(target_model, noise=0.03, seed=1)
+
+
+@pytest.fixture(autouse=True)
+def fresh_int4_check():
+    """The CLI asks once per process whether the int4 kernel builds; tests that pretend it
+    does or does not must not see another test's answer."""
+    from specdec import cli
+
+    cli._int4_builds.cache_clear()
+    yield
+    cli._int4_builds.cache_clear()

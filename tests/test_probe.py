@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
@@ -85,18 +86,22 @@ def test_the_target_is_chosen_by_its_verify_pass_and_cached(tmp_path, monkeypatc
         return {"int8": 52.0, "int4": 46.0}[loaded]
 
     monkeypatch.setattr(runtime_choice, "step_ms", pass_ms)
-    assert cli.target_runtime("auto", "t", str(tmp_path)) == "int4"
+    target = tmp_path / "t"
+    target.mkdir()
+    assert cli.target_runtime("auto", str(target), str(tmp_path)) == "int4"
     assert timed == [("int8", 5), ("int4", 5)]  # a k = 4 verify pass on each
     err = capsys.readouterr().err
     assert "target runtime auto -> int4" in err and "5-token pass" in err and "int8 52.0" in err
-    assert cli.target_runtime("auto", "t", str(tmp_path)) == "int4" and len(timed) == 2
+    assert cli.target_runtime("auto", str(target), str(tmp_path)) == "int4" and len(timed) == 2
     assert capsys.readouterr().err == ""  # from the cache, silently
     # a draft's verdict for the same model is another entry
     (draft,) = [c for c in runtime_choice.cached_choices(tmp_path) if c.role == "target"]
     assert draft.runtime == "int4"
     # given choices are kept; --dtype given means no measuring
-    assert cli.target_runtime("llamacpp:q4_k_m", "t", str(tmp_path)) == "llamacpp:q4_k_m"
-    assert cli.target_runtime("auto", "other", str(tmp_path), dtype="float32") == "float32"
+    assert cli.target_runtime("llamacpp:q4_k_m", str(target), str(tmp_path)) == "llamacpp:q4_k_m"
+    assert cli.target_runtime("auto", str(target), str(tmp_path), dtype="float32") == "float32"
+    # a target that is neither a catalog model nor a directory: loading it will say so
+    assert cli.target_runtime("auto", str(tmp_path / "missing"), str(tmp_path)) == "int8"
     assert len(timed) == 2
 
 
@@ -108,7 +113,8 @@ def test_without_the_int4_kernel_auto_is_int8_with_a_line(tmp_path, monkeypatch,
         raise int4.KernelUnavailable("the int4 kernel did not build (no compiler)")
 
     monkeypatch.setattr(int4, "kernel", unavailable)
-    assert cli.target_runtime("auto", "t", str(tmp_path)) == "int8"
+    monkeypatch.setattr(int4, "kernel_ready", lambda: True)
+    assert cli.target_runtime("auto", str(tmp_path), str(tmp_path)) == "int8"
     assert "not considering int4: the int4 kernel did not build" in capsys.readouterr().err
 
 
@@ -121,3 +127,25 @@ def test_a_pass_is_timed_at_one_position_and_the_cache_left_empty():
     assert runtime_choice.step_ms(model, repeats=3, tokens=5) > 0
     # the cache was cut back to nothing: the model scores a new text as a fresh one does
     assert torch.equal(model.forward([1, 2, 3, 4]), fresh)
+
+
+def test_the_first_compile_is_said_once(monkeypatch, capsys):
+    from specdec import cli
+    from specdec.backends import int4
+
+    monkeypatch.setattr(int4, "kernel_ready", lambda: False)
+    monkeypatch.setattr(int4, "kernel", lambda: None)
+    assert cli.transformers_candidates(None) == ["int8", "int4"]
+    assert cli.transformers_candidates(None) == ["int8", "int4"]  # target, then draft
+    assert cli.transformers_candidates("bfloat16") == ["bfloat16"]
+    assert capsys.readouterr().err.count("compiling specdec's int4 kernel") == 1
+
+
+def test_the_kernel_lives_apart_from_the_model_cache(monkeypatch, tmp_path):
+    from specdec.backends import int4
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "models"))
+    monkeypatch.delenv("SPECDEC_KERNELS", raising=False)
+    assert int4.kernel_dir() == Path.home() / ".cache" / "specdec" / "kernels"
+    monkeypatch.setenv("SPECDEC_KERNELS", str(tmp_path / "k"))
+    assert int4.kernel_dir() == tmp_path / "k"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -593,7 +594,7 @@ def _doctor() -> int:
     from specdec.models import cache_root
 
     choices = cached_choices(cache_root(None))
-    out.write("--draft-runtime auto, measured on this machine and these builds:")
+    out.write("--target-runtime/--draft-runtime auto, measured on this machine and builds:")
     out.write("".join(f"\n  {c.draft} -> {c.runtime} ({c.reason})" for c in choices) or " none yet")
     out.write("\n")
     from specdec.backends import int4
@@ -685,14 +686,23 @@ def transformers_candidates(dtype: str | None) -> list[str]:
     else int8 and, where its kernel builds, int4 (both bit-exact block == steps)."""
     if dtype is not None:
         return [dtype]
+    return ["int8", "int4"] if _int4_builds() else ["int8"]
+
+
+@functools.cache
+def _int4_builds() -> bool:
+    """Whether the int4 kernel builds here (compiled now if it is not yet: said in a line);
+    a failure is said once."""
     from specdec.backends import int4
 
+    if not int4.kernel_ready():
+        sys.stderr.write("specdec: compiling specdec's int4 kernel (once, about 20 s)\n")
     try:
         int4.kernel()
     except int4.KernelUnavailable as error:
         sys.stderr.write(f"specdec: not considering int4: {error}\n")
-        return ["int8"]
-    return ["int8", "int4"]
+        return False
+    return True
 
 
 def target_runtime(
@@ -703,11 +713,14 @@ def target_runtime(
     (``backends.runtime_choice``). Other choices are returned as they are."""
     if choice != "auto":
         return choice
+    from specdec.backends import runtime_choice
+    from specdec.models import CATALOG, cache_root
+
+    if target not in CATALOG and not os.path.isdir(os.path.expanduser(target)):
+        return dtype or "int8"  # nothing to measure: loading it says what is wrong
     candidates = transformers_candidates(dtype)
     if len(candidates) == 1:
         return candidates[0]
-    from specdec.backends import runtime_choice
-    from specdec.models import cache_root
 
     def measure(runtime: str) -> float:
         loaded = parse_runtime(runtime).load(target, cache_dir, progress)

@@ -46,9 +46,13 @@ class KernelUnavailable(ModelError):
 
 
 def kernel_dir() -> Path:
-    from specdec.models import cache_root
-
-    return cache_root(None) / "kernels"
+    """Where the compiled kernel lives: $SPECDEC_KERNELS, else ~/.cache/specdec/kernels. Not
+    under --cache-dir or $SPECDEC_CACHE: a kernel belongs to the machine and its builds, not
+    to a model cache (a test suite with a fresh model cache still compiles once)."""
+    configured = os.environ.get("SPECDEC_KERNELS")
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "specdec" / "kernels"
 
 
 def kernel():
@@ -61,14 +65,25 @@ def kernel():
         return _kernel
 
 
+def kernel_ready() -> bool:
+    """Whether the kernel is loaded in this process or built in the cache already (so that
+    loading it takes a moment, not a compile)."""
+    if _kernel is not None:
+        return True
+    return any((kernel_dir() / _name()).glob("*.so"))
+
+
+def _name() -> str:
+    """The kernel's module name: keyed by its source, torch's and Python's versions."""
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + torch.__version__.encode() + sys.version.encode())
+    return f"specdec_int4_{key.hexdigest()[:16]}"
+
+
 def _build():
     from torch.utils import cpp_extension
 
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + torch.__version__.encode() + sys.version.encode()).hexdigest()[
-        :16
-    ]
-    name = f"specdec_int4_{key}"
+    name = _name()
     directory = kernel_dir() / name
     directory.mkdir(parents=True, exist_ok=True)
     try:
