@@ -171,21 +171,25 @@ def test_batch_drafting_keeps_the_faster_choice_per_batch_size_and_explores():
     assert (1, False) not in policy.rates
 
 
-def test_a_cold_first_pass_is_averaged_away_and_deeper_sizes_are_revisited():
-    """One slow first 5-token pass (58 ms, cold) and then the true 46 ms: averaged, not kept
-    at 80% weight; and every EXPLORE_EVERY rounds k goes one deeper than the estimate's best
+def test_a_slow_pass_does_not_stand_for_its_size_and_deeper_sizes_are_revisited():
+    """One slow first 5-token pass (58 ms, cold) among 46 ms ones: the estimate is the
+    median of the last COST_WINDOW, 46 ms, not an average pulled up by the outlier; the draft
+    step likewise; and every EXPLORE_EVERY rounds k goes one deeper than the estimate's best
     so that a size not chosen lately is measured again."""
-    from specdec.controller import EXPLORE_EVERY
+    from specdec.controller import COST_WINDOW, EXPLORE_EVERY
 
     controller = AdaptiveK(max_k=8, decay=0.8)
-    controller.observe(
-        k=4, num_accepted=4, confidences=None, draft_seconds=0.05, pass_seconds=0.058
-    )
-    for _ in range(3):
+    for seconds, draft in [(0.058, 0.09), (0.046, 0.05), (0.046, 0.05)]:
         controller.observe(
-            k=4, num_accepted=4, confidences=None, draft_seconds=0.05, pass_seconds=0.046
+            k=4, num_accepted=4, confidences=None, draft_seconds=draft, pass_seconds=seconds
         )
-    assert controller.pass_seconds[5] == pytest.approx((0.058 + 3 * 0.046) / 4)
+    assert controller.pass_seconds[5] == pytest.approx(0.046)
+    assert controller.draft_step_seconds == pytest.approx(0.0125)
+    for _ in range(COST_WINDOW):  # the machine really got slower: followed within a window
+        controller.observe(
+            k=4, num_accepted=4, confidences=None, draft_seconds=0.05, pass_seconds=0.060
+        )
+    assert controller.pass_seconds[5] == pytest.approx(0.060)
     trained_controller = trained(0.8, 0.1, {n: 1.0 for n in range(1, 10)})
     best = trained_controller.choose_k()
     assert 0 < best < 8

@@ -11,14 +11,17 @@ the expected rate: a low-confidence draft ends the round. No separate threshold 
 All evidence decays (``decay`` per round), so the controller follows a change of text, and
 each rate also holds one undecaying pseudo-observation of an optimistic prior: after rounds
 without drafting, the estimate drifts back up and the controller tries drafting again rather
-than staying stuck on one unlucky round. A pass size's first few times are averaged, not
-decayed (one cold first pass would otherwise stand for that size until it is chosen again),
-and every ``EXPLORE_EVERY`` rounds the controller drafts one token deeper than it would, so
-the cost and acceptance of the next size stay measured.
+than staying stuck on one unlucky round. Costs are medians of the last few observations
+(``COST_WINDOW``), per pass size and for the draft step: one slow pass (a cold first one, or
+one that met another process's threads) does not stand for its size; and every
+``EXPLORE_EVERY`` rounds the controller drafts one token deeper than it would, so the cost and
+acceptance of the next size stay measured.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from specdec.theory import expected_tokens_per_round_by_position
@@ -27,6 +30,7 @@ BUCKETS = 10
 POSITION_PRIOR = 0.8  # optimistic: acceptance of a same-family draft model
 PRIOR_WEIGHT = 1.0  # pseudo-observations of the prior, never decayed
 EXPLORE_EVERY = 16  # rounds between drafts one token deeper than the best estimate
+COST_WINDOW = 5  # observations a cost estimate is the median of
 
 
 def _ema(old: float | None, new: float, weight: float) -> float:
@@ -42,7 +46,8 @@ class AdaptiveK:
     bucket_counts: list[list[float]] = field(default_factory=list)
     draft_step_seconds: float | None = None
     pass_seconds: dict[int, float] = field(default_factory=dict)  # block size -> seconds
-    pass_counts: dict[int, int] = field(default_factory=dict)  # block size -> times observed
+    pass_history: dict[int, deque] = field(default_factory=dict)  # block size -> recent seconds
+    draft_history: deque = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
     rounds: int = 0
 
     def __post_init__(self) -> None:
@@ -133,14 +138,13 @@ class AdaptiveK:
         pass_seconds: float,
     ) -> None:
         """Update from one round: what was drafted, what survived, what it cost."""
-        weight = 1.0 - self.decay
         self.rounds += 1
         if k > 0:
-            self.draft_step_seconds = _ema(self.draft_step_seconds, draft_seconds / k, weight)
-        seen = self.pass_counts[k + 1] = self.pass_counts.get(k + 1, 0) + 1
-        self.pass_seconds[k + 1] = _ema(
-            self.pass_seconds.get(k + 1), pass_seconds, max(weight, 1.0 / seen)
-        )
+            self.draft_history.append(draft_seconds / k)
+            self.draft_step_seconds = statistics.median(self.draft_history)
+        history = self.pass_history.setdefault(k + 1, deque(maxlen=COST_WINDOW))
+        history.append(pass_seconds)
+        self.pass_seconds[k + 1] = statistics.median(history)
         for counts in self.position_counts + self.bucket_counts:
             counts[0] *= self.decay
             counts[1] *= self.decay

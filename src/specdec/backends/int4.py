@@ -56,7 +56,7 @@ def kernel_dir() -> Path:
 
 
 def kernel():
-    """The compiled kernel module, built on first use (about a minute) into the specdec cache,
+    """The compiled kernel module, built on first use (about 20 s) into ``kernel_dir()``,
     keyed by the source, torch and Python versions."""
     global _kernel
     with _kernel_lock:
