@@ -28,3 +28,22 @@ def fresh_int4_check():
     cli._int4_builds.cache_clear()
     yield
     cli._int4_builds.cache_clear()
+
+
+@pytest.fixture
+def threads():
+    """Tests that set torch's thread count get it back afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    """The tiny target saved as a model directory, with its tokenizer."""
+    directory = tmp_path / "tiny"
+    tiny_llama(seed=0).save_pretrained(directory)
+    char_tokenizer().save_pretrained(directory)
+    return directory

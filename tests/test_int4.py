@@ -15,13 +15,6 @@ from specdec.loading import load_hf
 THREADS = [1, 2, 3, 4, 8]
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 def random_linear(out_features: int, in_features: int, seed: int, bias: bool = True):
     generator = torch.Generator().manual_seed(seed)
     layer = nn.Linear(in_features, out_features, bias=bias)
@@ -153,14 +146,6 @@ def test_blocks_equal_steps_at_real_layer_sizes(real_size_int4_model, threads, c
 # ---- the on-disk runtime form ------------------------------------------------------------
 
 IDS = [5, 9, 2, 7, 7, 1, 30, 12]
-
-
-@pytest.fixture
-def model_dir(tmp_path):
-    directory = tmp_path / "tiny"
-    tiny_llama(seed=0).save_pretrained(directory)
-    char_tokenizer().save_pretrained(directory)
-    return directory
 
 
 def test_a_cached_int4_load_is_the_same_model_bit_for_bit(model_dir, tmp_path):

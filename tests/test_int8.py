@@ -100,13 +100,6 @@ def test_int8_greedy_speculation_equals_int8_plain(int8_pair, k):
 THREADS = [1, 2, 3, 4, 8]
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("rows", [*range(2, 13), 21, 22, 40, 64, 97])
 def test_token_by_token_ops_match_one_token_steps_at_every_thread_count(threads, rows):
     """The hazard: PyTorch splits a 9 x 8960 SiLU across 3+ threads and the edge of each

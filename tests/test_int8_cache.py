@@ -7,21 +7,13 @@ import json
 import pytest
 import torch
 
-from helpers import char_tokenizer, perturbed_copy, tiny_llama
+from helpers import perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends import int8_cache
 from specdec.drafters import ModelDrafter
 from specdec.loading import load_hf
 
 IDS = [5, 9, 2, 7, 7, 1, 30, 12]
-
-
-@pytest.fixture
-def model_dir(tmp_path):
-    directory = tmp_path / "tiny"
-    tiny_llama(seed=0).save_pretrained(directory)
-    char_tokenizer().save_pretrained(directory)
-    return directory
 
 
 def entry(cache):

@@ -21,7 +21,6 @@ import hashlib
 import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -179,26 +178,11 @@ def make_int4_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrain
     """Swap every nn.Linear the kernel fits for RowInt4Linear (others for RowInt8Linear),
     fuse q/k/v and gate/up first, and run the rest as the int8 runtime does. The model must
     be float32 on the CPU; it is changed in place and returned."""
-    from specdec.backends.int8 import RowInt8Linear, finish_int8_model
-    from specdec.backends.int8_fused import fuse_projections
+    from specdec.backends.int8 import RowInt8Linear, swap_linears
 
     kernel()  # fail before any work if it cannot build
-    fuse_projections(model)
-    slots = [
-        (module, name, child)
-        for module in model.modules()
-        for name, child in module.named_children()
-        if isinstance(child, nn.Linear)
-    ]
 
-    def swap(slot):
-        module, name, child = slot
-        return module, name, RowInt4Linear(child) if fits(child) else RowInt8Linear(child)
+    def quantized(linear: nn.Linear) -> nn.Module:
+        return RowInt4Linear(linear) if fits(linear) else RowInt8Linear(linear)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for done, (module, name, layer) in enumerate(pool.map(swap, slots), start=1):
-            setattr(module, name, layer)
-            if progress is not None:
-                progress("quantizing to int4", done, len(slots))
-    finish_int8_model(model)
-    return model
+    return swap_linears(model, quantized, "quantizing to int4", progress)

@@ -31,6 +31,7 @@ block == steps bit for bit at the 1.5B's layer sizes with 1, 2, 3, 4 and 8 threa
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -238,6 +239,14 @@ def make_int8_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrain
     takes ~20 s for a 1.5B model; two threads do it (the torch ops release the GIL).
     ``progress(step, done, total)`` is called as layers finish.
     """
+    return swap_linears(model, RowInt8Linear, "quantizing to int8", progress)
+
+
+def swap_linears(
+    model: PreTrainedModel, quantized: Callable[[nn.Linear], nn.Module], step: str, progress=None
+) -> PreTrainedModel:
+    """Fuse q/k/v and gate/up, replace every nn.Linear by ``quantized(linear)`` on two threads
+    (reporting ``progress(step, done, total)``), then ``finish_int8_model``."""
     from specdec.backends.int8_fused import fuse_projections
 
     fuse_projections(model)
@@ -248,12 +257,11 @@ def make_int8_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrain
         if isinstance(child, nn.Linear)
     ]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for done, (module, name, int8_linear) in enumerate(
-            pool.map(lambda slot: (slot[0], slot[1], RowInt8Linear(slot[2])), slots), start=1
-        ):
-            setattr(module, name, int8_linear)
+        layers = pool.map(lambda slot: quantized(slot[2]), slots)
+        for done, ((module, name, _), layer) in enumerate(zip(slots, layers, strict=True), start=1):
+            setattr(module, name, layer)
             if progress is not None:
-                progress("quantizing to int8", done, len(slots))
+                progress(step, done, len(slots))
     finish_int8_model(model)
     return model
 
