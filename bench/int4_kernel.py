@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
-from pathlib import Path
 
 import torch
+from int4_runtime import held_out_ids, print_costs, print_nll  # bench/, beside this script
 from torch import nn
 
 from specdec.backends.hf import HFModel
@@ -97,40 +95,9 @@ def main() -> int:
         "int8": load_backend(TARGET, "int8"),
         "llama.cpp q4_k_m": load_backend(TARGET, runtime="llamacpp"),
     }
-    tokenizer = backends["int8"].tokenizer
-    text = Path(os.__file__).with_name("json").joinpath("decoder.py").read_text()
-    ids = tokenizer(text)["input_ids"]
-    steps: dict[str, list[float]] = {name: [] for name in backends}
-    passes: dict[tuple[str, int], list[float]] = {}
-    for _ in range(args.repeats):
-        for name, backend in backends.items():
-            backend.truncate(0)
-            backend.forward(ids[:64], last_only=True)
-            for i in range(8):
-                started = time.perf_counter()
-                backend.forward([ids[64 + i]], last_only=True)
-                steps[name].append(time.perf_counter() - started)
-            if name == "llama.cpp q4_k_m":
-                continue
-            for size in (2, 3, 4, 5, 8, 9):
-                backend.truncate(64)
-                started = time.perf_counter()
-                backend.forward(ids[64 : 64 + size])
-                passes.setdefault((name, size), []).append(time.perf_counter() - started)
-    for name in backends:
-        step = statistics.median(steps[name])
-        curve = [
-            f"v({size}) {statistics.median(passes[(name, size)]) / step:.2f}"
-            for size in (2, 3, 4, 5, 8, 9)
-            if (name, size) in passes
-        ]
-        print(f"{name}: step {step * 1e3:.1f} ms", *curve)
-    target = torch.tensor(ids[1:1001])
-    for name in ("int4", "int8"):
-        backends[name].truncate(0)
-        logits = backends[name].forward(ids[:1000])
-        nll = torch.nn.functional.cross_entropy(logits, target).item()
-        print(f"{name}: negative log-likelihood on json/decoder.py (1000 tokens): {nll:.4f}")
+    ids = held_out_ids(backends["int8"].tokenizer)
+    print_costs(backends, ids, args.repeats, (2, 3, 4, 5, 8, 9), skip_passes={"llama.cpp q4_k_m"})
+    print_nll({name: backends[name] for name in ("int4", "int8")}, ids)
     return 0
 
 

@@ -28,6 +28,51 @@ from specdec.loading import load_backend
 SIZES = (2, 3, 4, 5, 6, 8, 9)
 
 
+def held_out_ids(tokenizer) -> list[int]:
+    """The standard library's json/decoder.py, tokenized: text no model here was tuned on."""
+    text = Path(os.__file__).with_name("json").joinpath("decoder.py").read_text()
+    return tokenizer(text)["input_ids"]
+
+
+def print_costs(backends: dict, ids: list[int], repeats: int, sizes, skip_passes=()) -> None:
+    """Each backend's median one-token step after a 64-token prompt (8 steps a round) and
+    v(n) for the ``sizes``, interleaved over ``repeats`` rounds; no passes for
+    ``skip_passes``."""
+    steps: dict[str, list[float]] = {name: [] for name in backends}
+    passes: dict[tuple[str, int], list[float]] = {}
+    for _ in range(repeats):
+        for name, backend in backends.items():
+            backend.truncate(0)
+            backend.forward(ids[:64], last_only=True)
+            for i in range(8):
+                started = time.perf_counter()
+                backend.forward([ids[64 + i]], last_only=True)
+                steps[name].append(time.perf_counter() - started)
+            for size in () if name in skip_passes else sizes:
+                backend.truncate(64)
+                started = time.perf_counter()
+                backend.forward(ids[64 : 64 + size])
+                passes.setdefault((name, size), []).append(time.perf_counter() - started)
+    for name in backends:
+        step = statistics.median(steps[name])
+        curve = [
+            f"v({size}) {statistics.median(passes[(name, size)]) / step:.2f}"
+            for size in sizes
+            if (name, size) in passes
+        ]
+        print(f"{name}: step {step * 1e3:.1f} ms", *curve)
+
+
+def print_nll(backends: dict, ids: list[int]) -> None:
+    """Each backend's negative log-likelihood of ``ids[1:1001]`` after ``ids[:1000]``."""
+    target = torch.tensor(ids[1:1001])
+    for name, backend in backends.items():
+        backend.truncate(0)
+        logits = backend.forward(ids[:1000]).float()
+        nll = torch.nn.functional.cross_entropy(logits, target).item()
+        print(f"{name}: negative log-likelihood on json/decoder.py (1000 tokens): {nll:.4f}")
+
+
 def int4_with_int8_head(model_name: str):
     """The int4 runtime with its output layer in int8 instead (not cached)."""
     from transformers import AutoModelForCausalLM
@@ -64,9 +109,7 @@ def main() -> int:
     backends = {"int4": int4_backend, "int8": load_backend(args.model, "int8")}
     if not args.no_llamacpp:
         backends["llama.cpp q4_k_m"] = load_backend(args.model, runtime="llamacpp")
-    tokenizer = backends["int8"].tokenizer
-    text = Path(os.__file__).with_name("json").joinpath("decoder.py").read_text()
-    ids = tokenizer(text)["input_ids"]
+    ids = held_out_ids(backends["int8"].tokenizer)
 
     int4_backend.truncate(0)
     int4_backend.forward(ids[:64])
@@ -75,33 +118,8 @@ def main() -> int:
     steps_logits = torch.cat([int4_backend.forward([token]) for token in ids[64:73]])
     print("int4 9-token block == 9 steps, bit for bit:", torch.equal(block, steps_logits))
 
-    steps: dict[str, list[float]] = {name: [] for name in backends}
-    passes: dict[tuple[str, int], list[float]] = {}
-    for _ in range(args.repeats):
-        for name, backend in backends.items():
-            backend.truncate(0)
-            backend.forward(ids[:64], last_only=True)
-            for i in range(8):
-                started = time.perf_counter()
-                backend.forward([ids[64 + i]], last_only=True)
-                steps[name].append(time.perf_counter() - started)
-            for size in SIZES:
-                backend.truncate(64)
-                started = time.perf_counter()
-                backend.forward(ids[64 : 64 + size])
-                passes.setdefault((name, size), []).append(time.perf_counter() - started)
-    for name in backends:
-        step = statistics.median(steps[name])
-        curve = [
-            f"v({size}) {statistics.median(passes[(name, size)]) / step:.2f}" for size in SIZES
-        ]
-        print(f"{name}: step {step * 1e3:.1f} ms", *curve)
-    target = torch.tensor(ids[1:1001])
-    for name, backend in backends.items():
-        backend.truncate(0)
-        logits = backend.forward(ids[:1000]).float()
-        nll = torch.nn.functional.cross_entropy(logits, target).item()
-        print(f"{name}: negative log-likelihood on json/decoder.py (1000 tokens): {nll:.4f}")
+    print_costs(backends, ids, args.repeats, SIZES)
+    print_nll(backends, ids)
     return 0
 
 
