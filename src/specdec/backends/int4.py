@@ -69,10 +69,10 @@ def kernel_ready() -> bool:
     loading it takes a moment, not a compile)."""
     if _kernel is not None:
         return True
-    return any((kernel_dir() / _name()).glob("*.so"))
+    return any((kernel_dir() / kernel_name()).glob("*.so"))
 
 
-def _name() -> str:
+def kernel_name() -> str:
     """The kernel's module name: keyed by its source, torch's and Python's versions."""
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + torch.__version__.encode() + sys.version.encode())
@@ -82,7 +82,7 @@ def _name() -> str:
 def _build():
     from torch.utils import cpp_extension
 
-    name = _name()
+    name = kernel_name()
     directory = kernel_dir() / name
     directory.mkdir(parents=True, exist_ok=True)
     try:

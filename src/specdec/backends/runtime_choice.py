@@ -52,13 +52,14 @@ class RuntimeChoice:
 
 
 def machine_key(model: str, role: str = "draft") -> str:
-    """What the verdict depends on: the CPU, the builds, the interpreter, the model, the role
-    (a draft's key keeps its earlier form)."""
+    """What the verdict depends on: the CPU, the builds (llama.cpp, torch, specdec's int4
+    kernel source), the interpreter, the model, the role."""
     import torch
 
+    from specdec.backends import int4
     from specdec.backends.probe import machine_key as llamacpp_machine
 
-    key = f"{llamacpp_machine()}|torch {torch.__version__}|{model}"
+    key = f"{llamacpp_machine()}|torch {torch.__version__}|{int4.kernel_name()}|{model}"
     return key if role == "draft" else f"{key}|{role}"
 
 
