@@ -4,8 +4,9 @@
 // Why a kernel of our own (measured in docs/runtime-search.md): PyTorch's int4 kernel
 // unpacks at about half the memory speed and takes rows in groups of 4, so a 5-token verify
 // pass costs 2.4-2.8 one-token steps; llama.cpp's multi-token passes cost 2.4-3.8 steps here.
-// This kernel unpacks each block of weights once and applies it to every row of the block
-// while it sits in registers, so a pass of a few tokens reads the weights once.
+// This kernel unpacks each block of weights once and applies it to up to 8 rows of the pass
+// while it sits in registers (more rows: again from cache), so a verify pass reads the
+// weights from memory once.
 //
 // Exactness (block == steps, bit for bit, at any thread count): output (row r, column n) is
 //   acc = 0
