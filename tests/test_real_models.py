@@ -91,3 +91,30 @@ def test_int8_greedy_equals_plain_int8(int8_runs, name):
     plain, speculative = int8_runs[name]
     assert speculative.token_ids == plain.token_ids
     assert speculative.stats.rounds < plain.stats.rounds
+
+
+@pytest.fixture(scope="module")
+def int4_runs():
+    """specdec's int4 runtime (what generate picks on the AVX-512 EPYC): batch-invariant too."""
+    return plain_and_speculative(*load_pair("int4"))
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_int4_greedy_equals_plain_int4(int4_runs, name):
+    plain, speculative = int4_runs[name]
+    assert speculative.token_ids == plain.token_ids
+    assert speculative.stats.rounds < plain.stats.rounds
+
+
+def test_int4_sampling_with_a_seed_equals_plain_int4():
+    """Coupled verification on the real pair in int4: a seeded sampled run (T 0.8, k auto)
+    gives plain int4 decoding's text."""
+    target, draft = load_pair("int4")
+    params = SamplingParams(max_tokens=32, temperature=0.8, top_p=0.95, seed=11)
+    prompt_ids = target.tokenizer.encode(PROMPTS["quicksort"])
+    plain = Engine(target).generate(prompt_ids, params, SpecConfig(verification="coupled"))
+    speculative = Engine(target, ModelDrafter(draft)).generate(
+        prompt_ids, params, SpecConfig(k="auto", verification="coupled")
+    )
+    assert speculative.token_ids == plain.token_ids
+    assert speculative.stats.accepted_tokens > 0
