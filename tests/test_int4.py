@@ -67,6 +67,16 @@ def test_the_kernel_computes_the_quantized_product(bias):
     assert torch.allclose(int4_layer(x).double(), expected, atol=1e-4, rtol=1e-5)
 
 
+def test_a_nan_or_infinity_reaches_that_rows_outputs_only():
+    layer = RowInt4Linear(random_linear(32, 64, seed=8))
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(9))
+    clean = layer(x)
+    x[0, 5], x[1, 40] = float("nan"), float("inf")
+    out = layer(x)
+    assert bool(out[0].isnan().all()) and bool(out[1].isnan().all())
+    assert torch.equal(out[2], clean[2])
+
+
 def available_paths() -> list[int]:
     return list(range(int4.best_path() + 1))
 

@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -85,9 +86,13 @@ void quantize_row(const float* x, int64_t k, int8_t* codes, float* da, float* da
   for (int64_t g = 0; g < k / kGroup; ++g) {
     const float* in = x + g * kGroup;
     float amax = 0.0f;
-    for (int i = 0; i < kGroup; ++i) amax = std::fmax(amax, std::fabs(in[i]));
+    bool finite = true;
+    for (int i = 0; i < kGroup; ++i) {
+      amax = std::fmax(amax, std::fabs(in[i]));  // fmax skips a NaN: checked on its own
+      finite = finite && std::isfinite(in[i]);
+    }
     int32_t sum = 0;
-    if (amax > 0.0f && std::isfinite(amax)) {
+    if (amax > 0.0f && finite) {
       const float inverse = 127.0f / amax;
       for (int i = 0; i < kGroup; ++i) {
         float q = std::nearbyint(in[i] * inverse);
@@ -96,9 +101,9 @@ void quantize_row(const float* x, int64_t k, int8_t* codes, float* da, float* da
         sum += static_cast<int32_t>(q);
       }
       da[g] = amax / 127.0f;
-    } else {
+    } else {  // all zero, or a NaN / infinity there: the row's outputs become NaN, as in float
       std::memset(codes + g * kGroup, 0, kGroup);
-      da[g] = 0.0f;
+      da[g] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
     }
     das[g] = da[g] * static_cast<float>(sum);
   }
