@@ -80,41 +80,35 @@ def test_output_is_code(runs):
     assert "return" in speculative.text or "pivot" in speculative.text
 
 
-@pytest.fixture(scope="module")
-def int8_runs():
-    """The default runtime: int8, batch-invariant; identity with plain int8 is guaranteed."""
-    return plain_and_speculative(*load_pair("int8"))
-
-
-@pytest.mark.parametrize("name", list(PROMPTS))
-def test_int8_greedy_equals_plain_int8(int8_runs, name):
-    plain, speculative = int8_runs[name]
-    assert speculative.token_ids == plain.token_ids
-    assert speculative.stats.rounds < plain.stats.rounds
-
-
-@pytest.fixture(scope="module")
-def int4_runs():
-    """specdec's int4 runtime (what generate picks on the AVX-512 EPYC): batch-invariant too."""
-    return plain_and_speculative(*load_pair("int4"))
-
-
-@pytest.mark.parametrize("name", list(PROMPTS))
-def test_int4_greedy_equals_plain_int4(int4_runs, name):
-    plain, speculative = int4_runs[name]
-    assert speculative.token_ids == plain.token_ids
-    assert speculative.stats.rounds < plain.stats.rounds
-
-
-def test_int4_sampling_with_a_seed_equals_plain_int4():
-    """Coupled verification on the real pair in int4: a seeded sampled run (T 0.8, k auto)
-    gives plain int4 decoding's text."""
-    target, draft = load_pair("int4")
+def seeded_sampled(target, draft) -> tuple:
+    """Coupled verification: (plain, speculative k auto) on the quicksort prompt, T 0.8,
+    top-p 0.95, seed 11."""
     params = SamplingParams(max_tokens=32, temperature=0.8, top_p=0.95, seed=11)
     prompt_ids = target.tokenizer.encode(PROMPTS["quicksort"])
     plain = Engine(target).generate(prompt_ids, params, SpecConfig(verification="coupled"))
     speculative = Engine(target, ModelDrafter(draft)).generate(
         prompt_ids, params, SpecConfig(k="auto", verification="coupled")
     )
+    return plain, speculative
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def quantized_runs(request):
+    """specdec's batch-invariant runtimes (int8; int4, what generate picks on the AVX-512
+    EPYC): identity with plain decoding on the same runtime is guaranteed, greedy and seeded.
+    (greedy runs per prompt, the seeded sampled pair)"""
+    target, draft = load_pair(request.param)
+    return plain_and_speculative(target, draft), seeded_sampled(target, draft)
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_quantized_greedy_equals_plain_on_the_same_runtime(quantized_runs, name):
+    plain, speculative = quantized_runs[0][name]
+    assert speculative.token_ids == plain.token_ids
+    assert speculative.stats.rounds < plain.stats.rounds
+
+
+def test_quantized_seeded_sampling_equals_plain_on_the_same_runtime(quantized_runs):
+    plain, speculative = quantized_runs[1]
     assert speculative.token_ids == plain.token_ids
     assert speculative.stats.accepted_tokens > 0

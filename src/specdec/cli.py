@@ -734,6 +734,9 @@ def target_runtime(
     return chosen.runtime
 
 
+SAME_RUNTIME_MARGIN = 1.05  # a draft step this close to the fastest keeps the target's runtime
+
+
 def draft_runtime(
     choice: str,
     draft: str,
@@ -782,14 +785,12 @@ def draft_runtime(
     why = chosen.reason
     if target_runtime in steps and steps[target_runtime] <= SAME_RUNTIME_MARGIN * steps[runtime]:
         if target_runtime != runtime:
-            why += f"; the target's own {target_runtime} is within 5% of the fastest"
+            margin = round(100 * (SAME_RUNTIME_MARGIN - 1))
+            why += f"; the target's own {target_runtime} is within {margin}% of the fastest"
         runtime = target_runtime
     if measured:
         sys.stderr.write(f"specdec: draft runtime auto -> {runtime} ({why})\n")
     return runtime
-
-
-SAME_RUNTIME_MARGIN = 1.05  # a draft step this close to the fastest keeps the target's runtime
 
 
 def _build_engine(args: argparse.Namespace, kinds: list[str]):

@@ -17,6 +17,7 @@ on the int8 runtime (fused projections, token-by-token norms and activations, ro
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -58,6 +59,8 @@ def kernel():
     """The compiled kernel module, built on first use (about 20 s) into ``kernel_dir()``,
     keyed by the source, torch and Python versions."""
     global _kernel
+    if _kernel is not None:  # every linear layer of every step asks: no lock once loaded
+        return _kernel
     with _kernel_lock:
         if _kernel is None:
             _kernel = _build()
@@ -72,6 +75,7 @@ def kernel_ready() -> bool:
     return any((kernel_dir() / kernel_name()).glob("*.so"))
 
 
+@functools.cache
 def kernel_name() -> str:
     """The kernel's module name: keyed by its source, torch's and Python's versions."""
     source = SOURCE.read_bytes()
