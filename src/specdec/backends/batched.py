@@ -33,9 +33,10 @@ import torch
 from torch import nn
 
 from specdec.backends.hf import _eos_token_ids
-from specdec.backends.int4 import RowInt4Linear
+from specdec.backends.int4 import RowInt4Linear, uses_row_kernels
 from specdec.backends.int8 import RowInt8Linear
 from specdec.backends.int8_fused import FusedAttention, FusedMLP
+from specdec.backends.kv_buffer import KVBuffer
 
 LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
 
@@ -95,7 +96,9 @@ class ModelSequence:
         self.tokenizer = model.tokenizer
         self.vocab_size, self.eos_token_ids = model.vocab_size, model.eos_token_ids
         self.max_length = model.max_length
-        self.layers = [LayerCache() for _ in model.layers]
+        self.layers: list[LayerCache | KVBuffer] = [
+            KVBuffer() if model.row_kernels else LayerCache() for _ in model.layers
+        ]
         self._ids: list[int] = []
         self._hidden: torch.Tensor | None = None  # [capacity, hidden] once kept
 
@@ -213,6 +216,7 @@ class BatchedModel:
         self.norm = decoder.get_submodule("norm")
         self.lm_head = model.get_output_embeddings()
         self.layers = [_Layer.of(layer) for layer in decoder.layers]
+        self.row_kernels = uses_row_kernels(model)  # then caches are KVBuffers, read in place
         self.vocab_size = int(model.get_output_embeddings().out_features)
         self.eos_token_ids = frozenset(_eos_token_ids(model, tokenizer))
         self.max_length = getattr(model.config, "max_position_embeddings", None)

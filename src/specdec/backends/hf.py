@@ -63,7 +63,7 @@ class HFModel:
     def forward(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
         assert len(token_ids) > 0, "forward needs at least one token"
         if self._cache is None:
-            self._cache = DynamicCache(config=self.model.config)
+            self._cache = _new_cache(self.model)
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         keep = {"logits_to_keep": 1} if last_only and self._can_keep_last else {}
         try:
@@ -134,6 +134,19 @@ _OUTPUTS: weakref.WeakKeyDictionary[torch.nn.Module, torch.Tensor] = weakref.Wea
 
 def _keep_output(module, inputs, output) -> None:
     _OUTPUTS[module] = output.detach()
+
+
+def _new_cache(model: Any) -> DynamicCache:
+    """transformers' cache for ``model``; on the int4 runtime's row kernels (which read keys
+    and values through their strides) with layers that write in place
+    (``kv_buffer.GrowingLayer``) instead of concatenating every pass."""
+    from specdec.backends.int4 import uses_row_kernels
+    from specdec.backends.kv_buffer import GrowingLayer
+
+    cache = DynamicCache(config=model.config)
+    if uses_row_kernels(model) and all(type(layer) is DynamicLayer for layer in cache.layers):
+        cache.layers = [GrowingLayer() for _ in cache.layers]
+    return cache
 
 
 def _final_norm(model: Any) -> torch.nn.Module:

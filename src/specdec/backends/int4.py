@@ -33,7 +33,9 @@ from specdec.models import ModelError
 GROUP = 32  # inputs per scale
 TILE = 16  # output columns per packed block
 BLOCK = 320  # bytes per (tile, group): 256 code bytes, 16 float16 scales, 16 float16 minimums
-SOURCE = Path(__file__).with_name("kernels") / "int4_linear.cpp"
+SOURCES = tuple(
+    Path(__file__).with_name("kernels") / name for name in ("int4_linear.cpp", "row_ops.cpp")
+)
 PATHS = {0: "scalar", 1: "AVX2", 2: "AVX-512 VNNI"}
 
 _kernel = None
@@ -78,7 +80,7 @@ def kernel_ready() -> bool:
 @functools.cache
 def kernel_name() -> str:
     """The kernel's module name: keyed by its source, torch's and Python's versions."""
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     key = hashlib.sha256(source + torch.__version__.encode() + sys.version.encode())
     return f"specdec_int4_{key.hexdigest()[:16]}"
 
@@ -92,7 +94,7 @@ def _build():
     try:
         return cpp_extension.load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(path) for path in SOURCES],
             build_directory=str(directory),
             extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
@@ -176,6 +178,69 @@ class RowInt4Linear(nn.Module):
         rows = x.reshape(-1, x.shape[-1]).float()
         out = kernel().int4_linear(rows, self.packed, self.bias, self.path)
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+# Norms whose forward is ``weight * (x / sqrt(mean(x^2) + eps))`` in float32 (Gemma's adds 1
+# to its weight: not here).
+PLAIN_RMS_NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm", "Qwen3RMSNorm"})
+
+
+class RowRMSNorm(nn.Module):
+    """An RMS norm computed row by row by the kernel (``kernels/row_ops.cpp``): one call for
+    all rows of a pass, each row alone in a fixed order, so blocks equal steps."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        # A buffer under the norm's own name: the runtime cache saves it as the plain norm's.
+        self.register_buffer("weight", norm.get_parameter("weight").detach().float().contiguous())
+        self.eps = float(getattr(norm, "variance_epsilon"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).float().contiguous()
+        return kernel().rms_norm(rows, self.weight, self.eps).reshape(x.shape)
+
+
+def use_row_kernels(model: nn.Module) -> nn.Module:
+    """Run an int4 model's norms, SiLU-gated products, rotary mix and attention in the
+    kernel's row operations (one call per pass each, instead of some 1,000 small torch
+    calls a step): plain RMS norms become ``RowRMSNorm``, fused attention and SiLU MLPs get
+    the kernel. Call after ``finish_int8_model``; other modules keep the int8 runtime's
+    token-by-token forms. Changed in place and returned."""
+    from specdec.backends.int8 import TokenByToken
+    from specdec.backends.int8_fused import FusedAttention, FusedMLP
+
+    ops = kernel()
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            inner = child.inner if isinstance(child, TokenByToken) else child
+            if type(inner).__name__ in PLAIN_RMS_NORMS and hasattr(inner, "variance_epsilon"):
+                setattr(module, name, RowRMSNorm(inner))
+        if isinstance(module, FusedAttention):
+            module.row_ops = ops
+        elif isinstance(module, FusedMLP) and _is_silu(module.act_fn) and _halves(module.sizes):
+            module.row_ops = ops
+    return model
+
+
+def uses_row_kernels(model: nn.Module) -> bool:
+    """Whether ``use_row_kernels`` gave ``model``'s attention the kernel."""
+    from specdec.backends.int8_fused import FusedAttention
+
+    return any(
+        isinstance(module, FusedAttention) and module.row_ops is not None
+        for module in model.modules()
+    )
+
+
+def _is_silu(act_fn: nn.Module) -> bool:
+    from specdec.backends.int8 import TokenByToken
+
+    inner = act_fn.inner if isinstance(act_fn, TokenByToken) else act_fn
+    return isinstance(inner, nn.SiLU) or type(inner).__name__ in {"SiLUActivation", "SiLU"}
+
+
+def _halves(sizes: list[int]) -> bool:
+    return len(sizes) == 2 and sizes[0] == sizes[1]
 
 
 def make_int4_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrainedModel:

@@ -268,7 +268,12 @@ def swap_linears(
 
 def finish_int8_model(model: PreTrainedModel) -> None:
     """What follows the linears' swap: token-by-token norms, activations and rotary
-    embedding, and the row-invariant attention."""
+    embedding, and the row-invariant attention; on an int4 model (the int4 kernel is
+    loaded), the kernel's row operations where they fit (``int4.use_row_kernels``)."""
+    from specdec.backends.int4 import RowInt4Linear, use_row_kernels
+
     _register_attention()
     _wrap_token_by_token(model)
     model.set_attn_implementation(ATTENTION)
+    if any(isinstance(module, RowInt4Linear) for module in model.modules()):
+        use_row_kernels(model)

@@ -46,6 +46,16 @@ class FusedAttention(nn.Module):
         self.scaling = original.scaling
         self.num_key_value_groups = original.num_key_value_groups
         self.is_causal, self.attention_dropout = True, 0.0
+        self.row_ops: Any = None  # the int4 kernel module: rotary and attention in one call each
+
+    def _attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """Causal attention of query rows  # [1, heads, q, dim] over key/value  # [1, kv_heads,
+        past + q, dim], each row over its own prefix  ->  [1, q, heads, dim]."""
+        if self.row_ops is None:
+            return row_invariant_sdpa(self, query, key, value, None, scaling=self.scaling)[0]
+        assert query.shape[0] == 1, "the row kernels take one sequence at a time"
+        out = self.row_ops.causal_attention(query[0].transpose(0, 1), key[0], value[0], self.scaling)
+        return out.unsqueeze(0)
 
     def forward(
         self,
@@ -60,7 +70,7 @@ class FusedAttention(nn.Module):
         query, key, value = self._rotated_qkv(hidden_states, position_embeddings)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
-        out, _ = row_invariant_sdpa(self, query, key, value, None, scaling=self.scaling)
+        out = self._attend(query, key, value)
         return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), None
 
     def forward_ragged(
@@ -76,10 +86,7 @@ class FusedAttention(nn.Module):
         outs = []
         for cache, start, end in segments:
             keys, values = cache.update(key[:, :, start:end], value[:, :, start:end])
-            out, _ = row_invariant_sdpa(
-                self, query[:, :, start:end], keys, values, None, scaling=self.scaling
-            )
-            outs.append(out)
+            outs.append(self._attend(query[:, :, start:end], keys, values))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous())
 
@@ -88,6 +95,18 @@ class FusedAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """query, key, value  # [batch, heads, tokens, head_dim], query and key rotated."""
         per_head = (*hidden_states.shape[:-1], -1, self.head_dim)
+        if self.row_ops is not None:
+            assert hidden_states.shape[0] == 1, "the row kernels take one sequence at a time"
+            rows = self.qkv_proj(hidden_states)[0]  # [tokens, q + k + v]
+            query, key, value = (
+                part.reshape(rows.shape[0], -1, self.head_dim).contiguous()
+                for part in rows.split(self.sizes, dim=-1)
+            )
+            cos, sin = (t[0].contiguous() for t in position_embeddings)  # [tokens, head_dim]
+            self.row_ops.rope_(query, cos, sin)
+            self.row_ops.rope_(key, cos, sin)
+            query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
+            return query, key, value
         query, key, value = (
             part.reshape(per_head).transpose(1, 2)
             for part in self.qkv_proj(hidden_states).split(self.sizes, dim=-1)
@@ -106,8 +125,13 @@ class FusedMLP(nn.Module):
         self.gate_up_proj, self.sizes = gate_up_proj, sizes
         self.down_proj = original.get_submodule("down_proj")
         self.act_fn = original.get_submodule("act_fn")
+        self.row_ops: Any = None  # the int4 kernel module, when act_fn is SiLU: one call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.row_ops is not None:
+            gate_up = self.gate_up_proj(x)
+            rows = self.row_ops.silu_mul(gate_up.reshape(-1, gate_up.shape[-1]))
+            return self.down_proj(rows.reshape(*x.shape[:-1], -1))
         gate, up = self.gate_up_proj(x).split(self.sizes, dim=-1)
         return self.down_proj(self.act_fn(gate.contiguous()) * up)
 

@@ -352,7 +352,18 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, c10::optional<t
 
 int64_t int4_best_path() { return best_path(); }
 
+// row_ops.cpp
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor silu_mul(torch::Tensor gate_up);
+void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+torch::Tensor causal_attention(torch::Tensor query, torch::Tensor keys, torch::Tensor values,
+                               double scaling);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear", &int4_linear, "x @ W^T + b with W packed by specdec.backends.int4");
   m.def("best_path", &int4_best_path, "0 scalar, 1 AVX2, 2 AVX-512 VNNI");
+  m.def("rms_norm", &rms_norm, "RMS norm of each row");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of each row of [gate, up]");
+  m.def("rope_", &rope_, "rotary embedding of each row's heads, in place");
+  m.def("causal_attention", &causal_attention, "causal attention of each query row");
 }

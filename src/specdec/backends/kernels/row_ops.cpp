@@ -1,0 +1,292 @@
+// The int4 runtime's other row-wise operations: RMS norm, SiLU-gated product, rotary
+// embedding and causal attention, each over all rows of a pass in ONE call.
+//
+// Why (measured on the 1.5B, AMD EPYC, 2 cores; docs/runtime-search.md section 6): with the
+// int4 kernel a one-token step spent 24.6 ms in the linear layers and 5.5 ms in some 1,000
+// small torch calls around them (a norm alone is six; a 5-token pass ran attention as five
+// calls a layer), and a 5-token pass 9.8 ms. The int8 runtime keeps those torch calls.
+//
+// Exactness (block == steps, bit for bit, at any thread count): every output row depends on
+// its own input row alone (attention: on its own query row and the cached keys and values of
+// its causal prefix), and each row is computed by one thread in a fixed order of roundings:
+// reductions keep 8 partial sums (lane l takes elements l, l + 8, ...) combined in a fixed
+// tree, exp is a fixed polynomial of IEEE additions and products. The file is compiled with
+// -ffp-contract=off and without -ffast-math, so the compiler may vectorize these loops (the
+// function clones below, for AVX-512, AVX2 and plain x86-64) but never reorders or fuses an
+// operation: the clones give the same bits, and so does a row in a block or alone.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+#define SPECDEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+constexpr int kLanes = 8;
+
+// 8 partial sums combined as ((0+4)+(1+5))+((2+6)+(3+7)).
+inline float lane_sum(const float* acc) {
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// exp(x) by Cephes' expf polynomial (about 1 ulp) for 8 lanes, in GCC's vector extensions:
+// IEEE operations only, lane by lane, so the same bits whatever instructions a clone compiles
+// them to, and the same as `exp_one` (the same steps on one float, for the tails). NaN stays
+// NaN; below -87.3 the result flushes towards 0.
+typedef float F8 __attribute__((vector_size(32)));
+typedef int32_t I8 __attribute__((vector_size(32)));
+
+template <typename F, typename I>
+inline I to_int(F x) {
+  if constexpr (std::is_same_v<F, float>) {
+    return static_cast<I>(x);
+  } else {
+    return __builtin_convertvector(x, I);
+  }
+}
+
+template <typename F, typename I>
+inline F to_float(I x) {
+  if constexpr (std::is_same_v<F, float>) {
+    return static_cast<F>(x);
+  } else {
+    return __builtin_convertvector(x, F);
+  }
+}
+
+template <typename F, typename I>
+inline F from_bits(I bits) {
+  F out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+template <typename F, typename I>
+inline F exp_steps(F x) {
+  const F input = x;
+  x = x > 88.3762626647949f ? F{} + 88.3762626647949f : x;
+  x = x < -87.3365478515625f ? F{} - 87.3365478515625f : x;
+  const F fx = x * 1.44269504088896341f + 0.5f;
+  F floor_fx = to_float<F, I>(to_int<F, I>(fx));
+  floor_fx = floor_fx > fx ? floor_fx - 1.0f : floor_fx;
+  x = x - floor_fx * 0.693359375f;
+  x = x - floor_fx * -2.12194440e-4f;
+  const F z = x * x;
+  F y = F{} + 1.9875691500e-4f;
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * z + x + 1.0f;
+  const F scale = from_bits<F, I>((to_int<F, I>(floor_fx) + 127) << 23);
+  return input != input ? input : y * scale;
+}
+
+inline F8 load8(const float* p) {
+  F8 out;
+  std::memcpy(&out, p, sizeof(out));
+  return out;
+}
+
+inline void store8(float* p, F8 x) { std::memcpy(p, &x, sizeof(x)); }
+
+inline float exp_one(float x) { return exp_steps<float, int32_t>(x); }
+inline F8 exp8(F8 x) { return exp_steps<F8, I8>(x); }
+
+SPECDEC_CLONES void rms_norm_row(const float* x, const float* weight, float eps, int64_t n,
+                                 float* out) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l] * x[i + l];
+  }
+  for (; i < n; ++i) acc[i % kLanes] += x[i] * x[i];
+  const float inverse = 1.0f / std::sqrt(lane_sum(acc) / static_cast<float>(n) + eps);
+  for (int64_t j = 0; j < n; ++j) out[j] = weight[j] * (x[j] * inverse);
+}
+
+SPECDEC_CLONES void silu_mul_row(const float* gate, const float* up, int64_t n, float* out) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const F8 g = load8(gate + j);
+    store8(out + j, (g / (1.0f + exp8(-g))) * load8(up + j));
+  }
+  for (; j < n; ++j) out[j] = (gate[j] / (1.0f + exp_one(-gate[j]))) * up[j];
+}
+
+// x * cos + rotate_half(x) * sin for one head of one row (rotate_half(x) = [-x2, x1]):
+// the products and the sum rounded as torch rounds them.
+SPECDEC_CLONES void rope_head(float* x, const float* cos, const float* sin, int64_t d) {
+  const int64_t half = d / 2;
+  float rotated[512];
+  for (int64_t j = 0; j < half; ++j) rotated[j] = -x[j + half];
+  for (int64_t j = half; j < d; ++j) rotated[j] = x[j - half];
+  for (int64_t j = 0; j < d; ++j) x[j] = x[j] * cos[j] + rotated[j] * sin[j];
+}
+
+// The query rows of the `group` heads that share one kv head, at one position, over keys
+// and values 0..end-1: softmax(q.k * scaling) v for each. Each key and value row is read once
+// for the group; each head's numbers are computed in the same order whatever the group.
+SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
+                           const float* values, int64_t end, int64_t d, float scaling,
+                           float* scores, float* out) {
+  // q.k for four keys at a time: four independent chains of sums, each key's the same.
+  int64_t j = 0;
+  for (; j + 4 <= end; j += 4) {
+    const float* key = keys + j * d;
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = q + g * d;
+      float acc[4][kLanes] = {};
+      int64_t i = 0;
+      for (; i + kLanes <= d; i += kLanes) {
+        for (int k = 0; k < 4; ++k) {
+          for (int l = 0; l < kLanes; ++l) acc[k][l] += qg[i + l] * key[k * d + i + l];
+        }
+      }
+      for (; i < d; ++i) {
+        for (int k = 0; k < 4; ++k) acc[k][i % kLanes] += qg[i] * key[k * d + i];
+      }
+      for (int k = 0; k < 4; ++k) scores[g * end + j + k] = lane_sum(acc[k]) * scaling;
+    }
+  }
+  for (; j < end; ++j) {
+    const float* key = keys + j * d;
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = q + g * d;
+      float acc[kLanes] = {};
+      int64_t i = 0;
+      for (; i + kLanes <= d; i += kLanes) {
+        for (int l = 0; l < kLanes; ++l) acc[l] += qg[i + l] * key[i + l];
+      }
+      for (; i < d; ++i) acc[i % kLanes] += qg[i] * key[i];
+      scores[g * end + j] = lane_sum(acc) * scaling;
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = scores + g * end;
+    float top = -INFINITY;
+    for (int64_t j = 0; j < end; ++j) top = s[j] > top ? s[j] : top;
+    int64_t e = 0;
+    for (; e + 8 <= end; e += 8) store8(s + e, exp8(load8(s + e) - top));
+    for (; e < end; ++e) s[e] = exp_one(s[e] - top);
+    float total = 0.0f;
+    for (int64_t j = 0; j < end; ++j) total += s[j];
+    float* o = out + g * d;
+    for (int64_t i = 0; i < d; ++i) o[i] = 0.0f;
+    int64_t j = 0;
+    for (; j + 4 <= end; j += 4) {  // four keys a sweep: the same sums, in the same order
+      const float *v0 = values + j * d, *v1 = v0 + d, *v2 = v1 + d, *v3 = v2 + d;
+      const float p0 = s[j], p1 = s[j + 1], p2 = s[j + 2], p3 = s[j + 3];
+      for (int64_t i = 0; i < d; ++i) {
+        o[i] = (((o[i] + p0 * v0[i]) + p1 * v1[i]) + p2 * v2[i]) + p3 * v3[i];
+      }
+    }
+    for (; j < end; ++j) {
+      const float p = s[j];
+      const float* v = values + j * d;
+      for (int64_t i = 0; i < d; ++i) o[i] = o[i] + p * v[i];
+    }
+    const float inverse = 1.0f / total;
+    for (int64_t i = 0; i < d; ++i) o[i] *= inverse;
+  }
+}
+
+void check_rows(const torch::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), name,
+              ": [rows, n] float32, contiguous");
+}
+
+}  // namespace
+
+// x  # [rows, n]; weight  # [n]  ->  weight * (x / sqrt(mean(x^2) + eps)), row by row
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  check_rows(x, "x");
+  const int64_t rows = x.size(0), n = x.size(1);
+  const torch::Tensor w = weight.contiguous();
+  TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.numel() == n, "weight: [n] float32");
+  torch::Tensor out = torch::empty_like(x);
+  const float *in = x.data_ptr<float>(), *wd = w.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      rms_norm_row(in + r * n, wd, static_cast<float>(eps), n, o + r * n);
+    }
+  });
+  return out;
+}
+
+// gate_up  # [rows, 2n] (gate, then up)  ->  silu(gate) * up  # [rows, n]
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  check_rows(gate_up, "gate_up");
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  TORCH_CHECK(gate_up.size(1) == 2 * n, "gate_up: an even width");
+  torch::Tensor out = torch::empty({rows, n}, gate_up.options());
+  const float* in = gate_up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) silu_mul_row(in + r * 2 * n, in + r * 2 * n + n, n, o + r * n);
+  });
+  return out;
+}
+
+// x  # [rows, heads, d] rotated in place by cos, sin  # [rows, d]
+void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "x: [rows, heads, d] float32, contiguous");
+  const int64_t rows = x.size(0), heads = x.size(1), d = x.size(2);
+  TORCH_CHECK(d % 2 == 0 && d <= 512, "head size: even, at most 512");
+  check_rows(cos, "cos");
+  check_rows(sin, "sin");
+  TORCH_CHECK(cos.size(0) == rows && cos.size(1) == d && sin.sizes() == cos.sizes(),
+              "cos, sin: [rows, d]");
+  float* data = x.data_ptr<float>();
+  const float *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < heads; ++h) rope_head(data + (r * heads + h) * d, c + r * d, s + r * d, d);
+  }
+}
+
+// query  # [rows, heads, d]; keys, values  # [kv_heads, positions, d], the last `rows`
+// positions being the rows' own. Row i attends to positions 0 .. positions - rows + i.
+// ->  [rows, heads, d]
+torch::Tensor causal_attention(torch::Tensor query, torch::Tensor keys, torch::Tensor values,
+                               double scaling) {
+  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == torch::kFloat32, "query: [rows, heads, d]");
+  TORCH_CHECK(keys.dim() == 3 && keys.scalar_type() == torch::kFloat32 &&
+                  values.sizes() == keys.sizes() && values.scalar_type() == torch::kFloat32,
+              "keys, values: [kv_heads, positions, d] float32");
+  // Keys and values may be views of a larger buffer (backends/kv_buffer.py): any stride
+  // between heads, rows of d contiguous floats.
+  const auto rows_contiguous = [](const torch::Tensor& t) {
+    return t.stride(2) == 1 && t.stride(1) == t.size(2) ? t : t.contiguous();
+  };
+  const torch::Tensor q = query.contiguous(), k = rows_contiguous(keys),
+                      v = rows_contiguous(values);
+  const int64_t rows = q.size(0), heads = q.size(1), d = q.size(2);
+  const int64_t kv_heads = k.size(0), positions = k.size(1);
+  const int64_t k_stride = k.stride(0), v_stride = v.stride(0);
+  TORCH_CHECK(k.size(2) == d && heads % kv_heads == 0, "head sizes do not match");
+  TORCH_CHECK(positions >= rows, "the cache must hold the rows' own positions");
+  const int64_t group = heads / kv_heads;
+  torch::Tensor out = torch::empty({rows, heads, d}, q.options());
+  const float *qd = q.data_ptr<float>(), *kd = k.data_ptr<float>(), *vd = v.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(group * positions);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t r = item / kv_heads, kv = item % kv_heads;
+      const int64_t visible = positions - rows + r + 1;
+      const int64_t first = (r * heads + kv * group) * d;  // the group's first query head
+      attend(qd + first, group, kd + kv * k_stride, vd + kv * v_stride, visible, d,
+             static_cast<float>(scaling), scores.data(), o + first);
+    }
+  });
+  return out;
+}
