@@ -154,7 +154,7 @@ class ModelSequence:
             self.truncate(best)
             return best
         for mine, theirs in zip(self.layers, donor.layers, strict=True):
-            mine.copy_prefix(theirs, best)
+            mine.copy_prefix(theirs, best)  # type: ignore[arg-type]  # one model: one kind
         self._ids[:] = donor._ids[:best]
         if self._hidden is not None and donor._hidden is not None:
             self._hidden = donor._hidden[:best].clone()

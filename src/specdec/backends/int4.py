@@ -193,7 +193,7 @@ class RowRMSNorm(nn.Module):
         super().__init__()
         # A buffer under the norm's own name: the runtime cache saves it as the plain norm's.
         self.register_buffer("weight", norm.get_parameter("weight").detach().float().contiguous())
-        self.eps = float(getattr(norm, "variance_epsilon"))
+        self.eps = float(vars(norm)["variance_epsilon"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).float().contiguous()
@@ -215,9 +215,8 @@ def use_row_kernels(model: nn.Module) -> nn.Module:
             inner = child.inner if isinstance(child, TokenByToken) else child
             if type(inner).__name__ in PLAIN_RMS_NORMS and hasattr(inner, "variance_epsilon"):
                 setattr(module, name, RowRMSNorm(inner))
-        if isinstance(module, FusedAttention):
-            module.row_ops = ops
-        elif isinstance(module, FusedMLP) and _is_silu(module.act_fn) and _halves(module.sizes):
+        mlp = isinstance(module, FusedMLP) and _is_silu(module.act_fn) and _halves(module.sizes)
+        if isinstance(module, FusedAttention) or mlp:
             module.row_ops = ops
     return model
 

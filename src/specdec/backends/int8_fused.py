@@ -54,8 +54,8 @@ class FusedAttention(nn.Module):
         if self.row_ops is None:
             return row_invariant_sdpa(self, query, key, value, None, scaling=self.scaling)[0]
         assert query.shape[0] == 1, "the row kernels take one sequence at a time"
-        out = self.row_ops.causal_attention(query[0].transpose(0, 1), key[0], value[0], self.scaling)
-        return out.unsqueeze(0)
+        rows = query[0].transpose(0, 1)  # [q, heads, dim]
+        return self.row_ops.causal_attention(rows, key[0], value[0], self.scaling).unsqueeze(0)
 
     def forward(
         self,

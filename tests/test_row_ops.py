@@ -1,0 +1,177 @@
+"""The int4 runtime's row operations (``kernels/row_ops.cpp``) and its in-place KV caches:
+close to torch's arithmetic, every row the same bits in a block as alone at any thread count,
+and caches that grow and roll back without changing a number."""
+
+import pytest
+import torch
+
+from helpers import tiny_llama
+from specdec.backends import int4
+from specdec.backends.hf import HFModel
+from specdec.backends.int4 import make_int4_batch_invariant, uses_row_kernels
+from specdec.backends.kv_buffer import MIN_CAPACITY, GrowingLayer, KVBuffer
+
+THREADS = [1, 2, 3, 4, 8]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return int4.kernel()
+
+
+def randn(*shape, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attention_reference(query, keys, values, scaling):
+    """float64 causal attention: row i of ``query`` over the first positions - rows + i + 1."""
+    rows, heads, _ = query.shape
+    group = heads // keys.shape[0]
+    out = []
+    for i in range(rows):
+        end = keys.shape[1] - rows + i + 1
+        k = keys[:, :end].double().repeat_interleave(group, 0)
+        v = values[:, :end].double().repeat_interleave(group, 0)
+        scores = torch.einsum("hd,htd->ht", query[i].double(), k) * scaling
+        out.append(torch.einsum("ht,htd->hd", scores.softmax(-1), v))
+    return torch.stack(out).float()
+
+
+def test_rms_norm_is_the_norm(ops):
+    x, weight = randn(5, 1536, seed=1, scale=3.0), randn(1536, seed=2)
+    expected = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    torch.testing.assert_close(ops.rms_norm(x, weight, 1e-6), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_silu_mul_is_the_gated_product(ops):
+    gate_up = randn(3, 2 * 8960, seed=3, scale=6.0)
+    gate, up = gate_up.double().split(8960, dim=-1)
+    expected = (torch.nn.functional.silu(gate) * up).float()
+    torch.testing.assert_close(ops.silu_mul(gate_up), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_silu_mul_keeps_a_nan_and_stays_finite_far_out(ops):
+    gate_up = torch.zeros(1, 32)
+    gate_up[0, :4] = torch.tensor([float("nan"), -200.0, 200.0, 0.5])
+    gate_up[0, 16:] = 1.0
+    out = ops.silu_mul(gate_up)[0]
+    assert out[0].isnan()
+    assert out[1] == pytest.approx(0.0, abs=1e-30) and out[2] == 200.0
+    assert out[3].item() == pytest.approx(0.5 / (1 + torch.exp(torch.tensor(-0.5)).item()))
+
+
+def test_rope_matches_torchs_products_bit_for_bit(ops):
+    """x * cos + rotate_half(x) * sin: products and sum rounded once each, as torch does."""
+    x, cos, sin = randn(4, 12, 128, seed=4), randn(4, 128, seed=5), randn(4, 128, seed=6)
+    expected = x * cos[:, None] + rotate_half(x) * sin[:, None]
+    rotated = x.clone()
+    ops.rope_(rotated, cos, sin)
+    assert torch.equal(rotated, expected)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(12, 2, 128), (14, 2, 64), (4, 4, 24)])
+def test_attention_is_causal_softmax_attention(ops, heads, kv_heads, dim):
+    positions, rows = 37, 5
+    query = randn(rows, heads, dim, seed=7)
+    keys, values = randn(kv_heads, positions, dim, seed=8), randn(kv_heads, positions, dim, seed=9)
+    out = ops.causal_attention(query, keys, values, dim**-0.5)
+    expected = attention_reference(query, keys, values, dim**-0.5)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [2, 3, 5, 9, 17])
+def test_each_row_op_gives_a_row_the_same_bits_in_a_block(ops, threads, rows):
+    """Real sizes (the 1.5B's hidden 1536, intermediate 8960, 12 heads over 2 kv heads of
+    128): a block's row i equals that row alone (attention: over the prefix it sees)."""
+    x, weight = randn(rows, 1536, seed=rows), randn(1536, seed=10)
+    gate_up = randn(rows, 2 * 8960, seed=rows + 1, scale=4.0)
+    query = randn(rows, 12, 128, seed=rows + 2)
+    keys, values = randn(2, 300, 128, seed=11), randn(2, 300, 128, seed=12)
+    for count in THREADS:
+        torch.set_num_threads(count)
+        norms, products = ops.rms_norm(x, weight, 1e-6), ops.silu_mul(gate_up)
+        attended = ops.causal_attention(query, keys, values, 0.088)
+        for i in range(rows):
+            assert torch.equal(norms[i], ops.rms_norm(x[i : i + 1], weight, 1e-6)[0]), count
+            assert torch.equal(products[i], ops.silu_mul(gate_up[i : i + 1])[0]), count
+            end = 300 - rows + i + 1
+            alone = ops.causal_attention(
+                query[i : i + 1], keys[:, :end].contiguous(), values[:, :end].contiguous(), 0.088
+            )
+            assert torch.equal(attended[i], alone[0]), f"row {i}, {count} threads"
+
+
+def test_attention_reads_views_of_a_larger_buffer_as_their_copies(ops):
+    buffer_k, buffer_v = randn(2, 512, 128, seed=13), randn(2, 512, 128, seed=14)
+    query = randn(3, 12, 128, seed=15)
+    keys, values = buffer_k[:, :100], buffer_v[:, :100]
+    assert not keys.is_contiguous()
+    assert torch.equal(
+        ops.causal_attention(query, keys, values, 0.1),
+        ops.causal_attention(query, keys.contiguous(), values.contiguous(), 0.1),
+    )
+
+
+def test_the_int4_model_runs_its_rows_in_the_kernel():
+    model = make_int4_batch_invariant(tiny_llama(seed=0))
+    norms = [m for name, m in model.named_modules() if name.endswith(("layernorm", ".norm"))]
+    assert len(norms) == 2 * model.config.num_hidden_layers + 1
+    assert all(type(norm).__name__ == "RowRMSNorm" for norm in norms)
+    assert uses_row_kernels(model)
+    mlps = [module for module in model.modules() if type(module).__name__ == "FusedMLP"]
+    assert mlps and all(mlp.row_ops is not None for mlp in mlps)
+    backend = HFModel(model)
+    backend.forward([1, 2, 3])
+    assert backend._cache is not None
+    assert all(isinstance(layer, GrowingLayer) for layer in backend._cache.layers)
+
+
+# ---- KV buffers --------------------------------------------------------------------------
+
+
+def test_a_buffer_grows_past_its_capacity_keeping_what_it_holds():
+    buffer, keys, values = KVBuffer(), randn(1, 2, 600, 8, seed=16), randn(1, 2, 600, 8, seed=17)
+    for start in range(0, 600, 150):
+        piece = slice(start, start + 150)
+        held_k, held_v = buffer.update(keys[:, :, piece], values[:, :, piece])
+        assert torch.equal(held_k, keys[:, :, : start + 150])
+        assert torch.equal(held_v, values[:, :, : start + 150])
+    buffer.crop(250)
+    assert buffer.length == 250 and torch.equal(buffer.keys, keys[:, :, :250])
+    buffer.update(values[:, :, :5], keys[:, :, :5])  # rolled back, then written over
+    assert torch.equal(buffer.keys[:, :, 250:], values[:, :, :5])
+    assert torch.equal(buffer.keys[:, :, :250], keys[:, :, :250])
+
+
+def test_a_copied_prefix_does_not_follow_its_donor():
+    donor, copy = KVBuffer(), KVBuffer()
+    keys = randn(1, 2, 40, 8, seed=18)
+    donor.update(keys, keys)
+    copy.copy_prefix(donor, 30)
+    donor.crop(10)
+    donor.update(torch.zeros(1, 2, 30, 8), torch.zeros(1, 2, 30, 8))
+    assert copy.length == 30 and torch.equal(copy.keys, keys[:, :, :30])
+    assert copy._keys is not None and copy._keys.shape[-2] >= MIN_CAPACITY
+
+
+def test_forwards_and_rollbacks_across_growth_equal_one_fresh_pass():
+    """An int4 model's cache written in pieces, cut back and rewritten past its first
+    capacity gives the logits of one fresh pass over the same tokens, bit for bit."""
+    model = make_int4_batch_invariant(tiny_llama(seed=0))
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (MIN_CAPACITY + 80,), generator=torch.Generator().manual_seed(3))
+    tokens = ids.tolist()
+    fresh = HFModel(model).forward(tokens)
+    backend = HFModel(model)
+    backend.forward(tokens[:200])
+    backend.forward([(t + 1) % vocab for t in tokens[200:280]])  # a rejected stretch
+    backend.truncate(200)
+    pieces = [backend.forward(tokens[200:250])]
+    pieces += [backend.forward([t]) for t in tokens[250:270]]
+    pieces.append(backend.forward(tokens[270:]))
+    assert torch.equal(torch.cat(pieces), fresh[200:])
