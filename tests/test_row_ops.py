@@ -9,7 +9,7 @@ from helpers import tiny_llama
 from specdec.backends import int4
 from specdec.backends.hf import HFModel
 from specdec.backends.int4 import make_int4_batch_invariant, uses_row_kernels
-from specdec.backends.kv_buffer import MIN_CAPACITY, GrowingLayer, KVBuffer
+from specdec.backends.kv_buffer import MIN_CAPACITY, KVBuffer
 
 THREADS = [1, 2, 3, 4, 8]
 
@@ -125,10 +125,22 @@ def test_the_int4_model_runs_its_rows_in_the_kernel():
     assert uses_row_kernels(model)
     mlps = [module for module in model.modules() if type(module).__name__ == "FusedMLP"]
     assert mlps and all(mlp.row_ops is not None for mlp in mlps)
+
+
+def test_hfmodel_runs_the_lean_layer_loop_with_transformers_numbers():
+    """On the row kernels ``HFModel`` runs the batched runtime's layer loop: the logits of
+    transformers' own forward, bit for bit, in one pass and in pieces."""
+    model = make_int4_batch_invariant(tiny_llama(seed=0))
+    tokens = [5, 9, 2, 7, 7, 1, 30, 12, 4, 4]
     backend = HFModel(model)
-    backend.forward([1, 2, 3])
-    assert backend._cache is not None
-    assert all(isinstance(layer, GrowingLayer) for layer in backend._cache.layers)
+    assert backend._lean is not None
+    with torch.inference_mode():
+        expected = model(input_ids=torch.tensor([tokens])).logits[0].float()
+    assert torch.equal(backend.forward(tokens), expected)
+    backend.truncate(4)
+    pieces = [backend.forward(tokens[4:7]), *(backend.forward([t]) for t in tokens[7:])]
+    assert torch.equal(torch.cat(pieces), expected[4:])
+    assert list(backend.cached_token_ids) == tokens
 
 
 # ---- KV buffers --------------------------------------------------------------------------

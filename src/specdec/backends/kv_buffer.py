@@ -5,13 +5,14 @@ Why: transformers' ``DynamicLayer`` (and the batched runtime's layer cache, whic
 concatenates every pass, so a step copies the whole cache of every layer: 56 copies a step
 of the 1.5B, ~0.5 ms at 64 cached positions and growing with the text. The int4 runtime's
 attention (``kernels/row_ops.cpp``) reads keys and values through their strides, so views
-into a larger buffer cost nothing. Keys and values are the same numbers either way.
+into a larger buffer cost nothing: its sequences (``batched.ModelSequence``, which
+``HFModel`` uses for such models) keep their caches here. Keys and values are the same
+numbers either way.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicLayer
 
 MIN_CAPACITY = 256  # positions a buffer starts with; it doubles when full
 
@@ -66,40 +67,3 @@ class KVBuffer:
             keys[:, :, : self.length] = self._keys[:, :, : self.length]
             values[:, :, : self.length] = self._values[:, :, : self.length]
         self._keys, self._values = keys, values
-
-
-class GrowingLayer(DynamicLayer):
-    """transformers' ``DynamicLayer`` over a ``KVBuffer``: the same keys and values, no
-    concatenation per pass. ``keys``/``values`` are views of the held positions."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.buffer = KVBuffer()
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device = key_states.device
-        self.is_initialized = True
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.keys, self.values = self.buffer.update(key_states, value_states)
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.buffer.length if self.is_initialized else 0
-
-    def crop(self, tokens_to_remove: int) -> None:
-        """Remove ``-tokens_to_remove`` positions from the end (transformers' convention)."""
-        if tokens_to_remove > 0:
-            raise ValueError("crop takes a negative count of positions to remove")
-        if tokens_to_remove == 0 or not self.is_initialized:
-            return
-        self.buffer.crop(self.buffer.length + tokens_to_remove)
-        self.keys, self.values = self.buffer.keys, self.buffer.values
-
-    def reset(self) -> None:
-        self.buffer = KVBuffer()
-        super().reset()
