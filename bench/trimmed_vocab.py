@@ -1,12 +1,13 @@
 """The draft with a trimmed vocabulary (FR-Spec) against the full one, side by side.
 
-python bench/trimmed_vocab.py VOCAB_FILE [--prompts-per-workload 2] [--max-tokens 48]
+python bench/trimmed_vocab.py VOCAB_FILE [--runtime int8|int4] [--workloads code,chat]
+    [--prompts-per-workload 2] [--max-tokens 48]
 
-Measures, on the default pair (int8 target, int8 draft): the draft's one-token step with
-the full output layer and with the trimmed one (median of 40, interleaved), then decodes the
-shipped code and chat prompts greedily with k=auto, the full and the trimmed draft
-interleaved over two passes, and reports tokens/s, acceptance, mean accepted length and
-whether each output equals plain decoding.
+Measures, on the default pair with target and draft on ``--runtime`` (default int8): the
+draft's one-token step with the full output layer and with the trimmed one (median of 40,
+interleaved), then decodes the shipped prompts of ``--workloads`` greedily with k=auto, the
+full and the trimmed draft interleaved over two passes, and reports tokens/s, acceptance,
+mean accepted length and whether each output equals plain decoding.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ def main() -> None:
     parser.add_argument("vocab_file")
     parser.add_argument("--prompts-per-workload", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--runtime", choices=("int8", "int4"), default="int8")
+    parser.add_argument("--workloads", default="code,chat")
     args = parser.parse_args()
-    target = load_backend("qwen2.5-coder-1.5b-instruct", "int8")
-    full = load_backend("qwen2.5-coder-0.5b-instruct", "int8")
+    target = load_backend("qwen2.5-coder-1.5b-instruct", args.runtime)
+    full = load_backend("qwen2.5-coder-0.5b-instruct", args.runtime)
     trimmed = HFModel(copy.deepcopy(full.model), full.tokenizer)
     ids = load(args.vocab_file, full.vocab_size)
     trim_output_layer(trimmed.model, ids)
@@ -56,7 +59,10 @@ def main() -> None:
     for _ in range(3):  # interleaved
         full_steps += step_ms(full, context)
         trimmed_steps += step_ms(trimmed, context)
-    print(f"CPU: {cpu_name()}; trimmed vocabulary: {len(ids)} of {full.vocab_size} tokens")
+    print(
+        f"CPU: {cpu_name()}; runtime {args.runtime}; trimmed vocabulary: {len(ids)} of "
+        f"{full.vocab_size} tokens"
+    )
     print(
         f"draft step: full {statistics.median(full_steps):.2f} ms, trimmed "
         f"{statistics.median(trimmed_steps):.2f} ms"
@@ -68,7 +74,7 @@ def main() -> None:
     }
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     rows: dict[tuple[str, str], list] = {}
-    for workload in ("code", "chat"):
+    for workload in args.workloads.split(","):
         text = resources.files("specdec.bench").joinpath(f"workloads/{workload}.jsonl").read_text()
         prompts = [json.loads(line) for line in text.splitlines() if line.strip()]
         for item in prompts[: args.prompts_per_workload]:

@@ -124,7 +124,7 @@ def test_the_int4_model_runs_its_rows_in_the_kernel():
     assert all(type(norm).__name__ == "RowRMSNorm" for norm in norms)
     assert uses_row_kernels(model)
     mlps = [module for module in model.modules() if type(module).__name__ == "FusedMLP"]
-    assert mlps and all(mlp.row_ops is not None for mlp in mlps)
+    assert mlps and all(mlp.row_kernels for mlp in mlps)
 
 
 def test_hfmodel_runs_the_lean_layer_loop_with_transformers_numbers():

@@ -9,6 +9,7 @@ import torch
 
 from helpers import VOCAB, backend, perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends.int4 import make_int4_batch_invariant
 from specdec.backends.int8 import make_int8_batch_invariant
 from specdec.backends.trim import trim_output_layer
 from specdec.cli import main
@@ -23,10 +24,16 @@ def trimmed(model, ids=SUBSET):
     return model
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_draft_probs_vanish_outside_the_subset_and_sum_to_one(int8):
-    model = perturbed_copy(tiny_llama(seed=0), noise=0.03, seed=1)
-    model = make_int8_batch_invariant(model) if int8 else model
+RUNTIMES = {
+    "float32": lambda model: model,
+    "int8": make_int8_batch_invariant,
+    "int4": make_int4_batch_invariant,
+}
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_draft_probs_vanish_outside_the_subset_and_sum_to_one(runtime):
+    model = RUNTIMES[runtime](perturbed_copy(tiny_llama(seed=0), noise=0.03, seed=1))
     drafter = ModelDrafter(backend(trimmed(model)))
     outside = torch.ones(VOCAB, dtype=torch.bool)
     outside[SUBSET] = False
@@ -51,6 +58,29 @@ def test_greedy_with_a_trimmed_draft_equals_plain(target_model, k):
         assert out.token_ids == expected
     # Tokens outside the subset still reach the output: the target emits them itself.
     assert set(expected) - set(SUBSET) or out.stats.drafted_tokens > 0
+
+
+def test_a_trimmed_int4_layer_scores_its_tokens_as_the_full_one_does():
+    model = make_int4_batch_invariant(perturbed_copy(tiny_llama(seed=0), noise=0.03, seed=1))
+    full = backend(model).forward([3, 1, 4, 1, 5])
+    logits = backend(trimmed(model)).forward([3, 1, 4, 1, 5])
+    assert torch.equal(logits[:, SUBSET], full[:, SUBSET])
+    outside = sorted(set(range(VOCAB)) - set(SUBSET))
+    assert torch.isneginf(logits[:, outside]).all()
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_int4_greedy_with_a_trimmed_int4_draft_equals_plain(k):
+    target = make_int4_batch_invariant(tiny_llama(seed=0))
+    draft = trimmed(make_int4_batch_invariant(perturbed_copy(tiny_llama(seed=0), 0.03, seed=1)))
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    for prompt in ([5, 9, 2], [7] * 20):
+        expected = Engine(backend(target)).generate(prompt, params).token_ids
+        out = Engine(backend(target), ModelDrafter(backend(draft))).generate(
+            prompt, params, SpecConfig(k=k)
+        )
+        assert out.token_ids == expected
+        assert out.stats.accepted_tokens > 0
 
 
 def test_vocab_build_and_its_errors(tmp_path, capsys, target_model, tokenizer):

@@ -427,7 +427,9 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--draft-vocab",
         help="model drafter: score only the tokens in this file (made by 'specdec vocab "
-        "build'); a cheaper draft step, the same exact output (transformers drafts)",
+        "build'); a cheaper draft step, the same exact output (drafts on int8, int4 or "
+        "float runtimes; with --draft-runtime auto, the target's runtime when it is int8 or "
+        "int4)",
     )
     p.add_argument(
         "-k",
@@ -825,10 +827,13 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
                 sys.stderr.write(f"specdec: drafter auto -> {recipe} ({why})\n")
             kinds = parse_recipe(recipe)
 
+        target_on = runtime.name
+
         def model_drafter() -> ModelDrafter:
-            # A trimmed vocabulary is a transformers feature: auto picks transformers then.
+            # A trimmed vocabulary is a feature of the transformers runtimes: auto picks the
+            # target's own runtime then when it is int8 or int4 (one thread pool), else int8.
             choice = (
-                "transformers"
+                (target_on if target_on in ("int8", "int4") else "transformers")
                 if args.draft_vocab and args.draft_runtime == "auto"
                 else draft_runtime(
                     args.draft_runtime, args.draft, args.cache_dir, progress, args.dtype, chosen

@@ -141,6 +141,21 @@ def pack(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> t
     return torch.cat([nibbles.reshape(tiles, groups, 256), d, m], dim=-1).contiguous()
 
 
+def unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``pack``'s inverse: (codes uint8 [out, in], scales, minimums float16 [out, in / 32])."""
+    tiles, groups, _ = packed.shape
+    nibbles = packed[:, :, :256].reshape(tiles, groups, 4, TILE * 4)
+    quads = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2)  # [tile, group, quad, column * 4]
+    codes = quads.reshape(tiles, groups, 8, TILE, 4).permute(0, 3, 1, 2, 4)
+    codes = codes.reshape(tiles * TILE, groups * GROUP)
+
+    def halves(start: int) -> torch.Tensor:
+        raw = packed[:, :, start : start + 2 * TILE].contiguous().view(torch.float16)
+        return raw.permute(0, 2, 1).reshape(tiles * TILE, groups)  # [tile, group, col] -> rows
+
+    return codes.contiguous(), halves(256), halves(288)
+
+
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> torch.Tensor:
     """The float32 weight the codes stand for (for tests and quality checks)."""
     rows, width = codes.shape
@@ -173,6 +188,17 @@ class RowInt4Linear(nn.Module):
         self.packed, self.bias = packed, bias
         self.out_features, self.in_features = packed.shape[0] * TILE, packed.shape[1] * GROUP
         self.path = -1  # the best path for this CPU; tests pin one
+
+    def rows(self, ids: torch.Tensor) -> RowInt4Linear:
+        """The layer restricted to output rows ``ids`` (the same numbers for those outputs),
+        padded with copies of the last to a multiple of 16 outputs: read the first
+        ``len(ids)`` columns of its output."""
+        padded = torch.cat([ids, ids[-1:].expand((-len(ids)) % TILE)])
+        codes, scales, minimums = unpack(self.packed)
+        bias = None if self.bias is None else self.bias[padded].contiguous()
+        return RowInt4Linear.from_packed(
+            pack(codes[padded], scales[padded], minimums[padded]), bias
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x  # [..., in_features]
         rows = x.reshape(-1, x.shape[-1]).float()
@@ -209,15 +235,14 @@ def use_row_kernels(model: nn.Module) -> nn.Module:
     from specdec.backends.int8 import TokenByToken
     from specdec.backends.int8_fused import FusedAttention, FusedMLP
 
-    ops = kernel()
+    kernel()  # built (or refused) before any pass needs it
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             inner = child.inner if isinstance(child, TokenByToken) else child
             if type(inner).__name__ in PLAIN_RMS_NORMS and hasattr(inner, "variance_epsilon"):
                 setattr(module, name, RowRMSNorm(inner))
-        mlp = isinstance(module, FusedMLP) and _is_silu(module.act_fn) and _halves(module.sizes)
-        if isinstance(module, FusedAttention) or mlp:
-            module.row_ops = ops
+        if isinstance(module, FusedAttention | FusedMLP) and _fits(module):
+            module.row_kernels = True
     return model
 
 
@@ -226,9 +251,17 @@ def uses_row_kernels(model: nn.Module) -> bool:
     from specdec.backends.int8_fused import FusedAttention
 
     return any(
-        isinstance(module, FusedAttention) and module.row_ops is not None
-        for module in model.modules()
+        isinstance(module, FusedAttention) and module.row_kernels for module in model.modules()
     )
+
+
+def _fits(module) -> bool:
+    """Attention always; an MLP when its activation is SiLU and gate and up are one size."""
+    from specdec.backends.int8_fused import FusedAttention
+
+    if isinstance(module, FusedAttention):
+        return True
+    return _is_silu(module.act_fn) and _halves(module.sizes)
 
 
 def _is_silu(act_fn: nn.Module) -> bool:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from specdec.backends.int4 import kernel
 from specdec.backends.int8 import row_invariant_sdpa
 
 ATTENTION_PARTS = ("q_proj", "k_proj", "v_proj")
@@ -46,16 +47,16 @@ class FusedAttention(nn.Module):
         self.scaling = original.scaling
         self.num_key_value_groups = original.num_key_value_groups
         self.is_causal, self.attention_dropout = True, 0.0
-        self.row_ops: Any = None  # the int4 kernel module: rotary and attention in one call each
+        self.row_kernels = False  # int4: rotary and attention in the kernel, one call each
 
     def _attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """Causal attention of query rows  # [1, heads, q, dim] over key/value  # [1, kv_heads,
         past + q, dim], each row over its own prefix  ->  [1, q, heads, dim]."""
-        if self.row_ops is None:
+        if not self.row_kernels:
             return row_invariant_sdpa(self, query, key, value, None, scaling=self.scaling)[0]
         assert query.shape[0] == 1, "the row kernels take one sequence at a time"
         rows = query[0].transpose(0, 1)  # [q, heads, dim]
-        return self.row_ops.causal_attention(rows, key[0], value[0], self.scaling).unsqueeze(0)
+        return kernel().causal_attention(rows, key[0], value[0], self.scaling).unsqueeze(0)
 
     def forward(
         self,
@@ -95,7 +96,7 @@ class FusedAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """query, key, value  # [batch, heads, tokens, head_dim], query and key rotated."""
         per_head = (*hidden_states.shape[:-1], -1, self.head_dim)
-        if self.row_ops is not None:
+        if self.row_kernels:
             assert hidden_states.shape[0] == 1, "the row kernels take one sequence at a time"
             rows = self.qkv_proj(hidden_states)[0]  # [tokens, q + k + v]
             query, key, value = (
@@ -103,8 +104,8 @@ class FusedAttention(nn.Module):
                 for part in rows.split(self.sizes, dim=-1)
             )
             cos, sin = (t[0].contiguous() for t in position_embeddings)  # [tokens, head_dim]
-            self.row_ops.rope_(query, cos, sin)
-            self.row_ops.rope_(key, cos, sin)
+            kernel().rope_(query, cos, sin)
+            kernel().rope_(key, cos, sin)
             query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
             return query, key, value
         query, key, value = (
@@ -125,12 +126,12 @@ class FusedMLP(nn.Module):
         self.gate_up_proj, self.sizes = gate_up_proj, sizes
         self.down_proj = original.get_submodule("down_proj")
         self.act_fn = original.get_submodule("act_fn")
-        self.row_ops: Any = None  # the int4 kernel module, when act_fn is SiLU: one call
+        self.row_kernels = False  # int4 with a SiLU act_fn: the gated product in one call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.row_ops is not None:
+        if self.row_kernels:
             gate_up = self.gate_up_proj(x)
-            rows = self.row_ops.silu_mul(gate_up.reshape(-1, gate_up.shape[-1]))
+            rows = kernel().silu_mul(gate_up.reshape(-1, gate_up.shape[-1]))
             return self.down_proj(rows.reshape(*x.shape[:-1], -1))
         gate, up = self.gate_up_proj(x).split(self.sizes, dim=-1)
         return self.down_proj(self.act_fn(gate.contiguous()) * up)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from specdec.backends.int4 import RowInt4Linear
 from specdec.backends.int8 import RowInt8Linear
 
 
@@ -32,7 +33,7 @@ class TrimmedHead(nn.Module):
         self.sub = _rows(head, ids)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scores = self.sub(x)
+        scores = self.sub(x)[..., : len(self.token_ids)]  # an int4 layer pads its outputs
         out = torch.full((*scores.shape[:-1], self.vocab_size), float("-inf"))
         out[..., self.token_ids] = scores.float()
         return out
@@ -44,6 +45,8 @@ def _rows(head: nn.Module, ids: torch.Tensor) -> nn.Module:
         int8, scales = head.int8_state()
         bias = None if head.bias is None else head.bias[ids]
         return RowInt8Linear.from_int8(int8[ids], scales[ids], bias)
+    if isinstance(head, RowInt4Linear):
+        return head.rows(ids)
     if isinstance(head, nn.Linear):
         sub = nn.Linear(head.in_features, len(ids), bias=head.bias is not None)
         with torch.no_grad():
