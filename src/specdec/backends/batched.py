@@ -37,6 +37,7 @@ from specdec.backends.int4 import RowInt4Linear, uses_row_kernels
 from specdec.backends.int8 import RowInt8Linear
 from specdec.backends.int8_fused import FusedAttention, FusedMLP
 from specdec.backends.kv_buffer import KVBuffer
+from specdec.backends.trim import TrimmedHead
 
 LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
 
@@ -46,9 +47,9 @@ def supports(model: Any) -> bool:
     plain Llama-family layer with fused attention and MLP."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = getattr(decoder, "layers", None)
-    if layers is None or not isinstance(
-        model.get_output_embeddings(), RowInt8Linear | RowInt4Linear
-    ):
+    head = model.get_output_embeddings()
+    head = head.sub if isinstance(head, TrimmedHead) else head
+    if layers is None or not isinstance(head, RowInt8Linear | RowInt4Linear):
         return False
     if not all(hasattr(decoder, name) for name in ("embed_tokens", "rotary_emb", "norm")):
         return False
@@ -214,7 +215,6 @@ class BatchedModel:
         self.embed_tokens = decoder.get_submodule("embed_tokens")
         self.rotary_emb = decoder.get_submodule("rotary_emb")
         self.norm = decoder.get_submodule("norm")
-        self.lm_head = model.get_output_embeddings()
         self.layers = [_Layer.of(layer) for layer in decoder.layers]
         self.row_kernels = uses_row_kernels(model)  # then caches are KVBuffers, read in place
         self.vocab_size = int(model.get_output_embeddings().out_features)
@@ -283,7 +283,9 @@ class BatchedModel:
             for i, (_, _, last_only) in enumerate(work)
             for row in ([starts[i + 1] - 1] if last_only else range(starts[i], starts[i + 1]))
         ]
-        logits = self.lm_head(hidden[:, rows])[0, :, : self.vocab_size].float()
+        # Asked every pass: a draft's output layer may be trimmed after it was wrapped.
+        lm_head = self.model.get_output_embeddings()
+        logits = lm_head(hidden[:, rows])[0, :, : self.vocab_size].float()
         out, at = [], 0
         for i, (seq, tokens, last_only) in enumerate(work):
             count = 1 if last_only else len(tokens)
