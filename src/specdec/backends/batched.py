@@ -47,9 +47,11 @@ def supports(model: Any) -> bool:
     plain Llama-family layer with fused attention and MLP."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = getattr(decoder, "layers", None)
+    if layers is None:
+        return False
     head = model.get_output_embeddings()
     head = head.sub if isinstance(head, TrimmedHead) else head
-    if layers is None or not isinstance(head, RowInt8Linear | RowInt4Linear):
+    if not isinstance(head, RowInt8Linear | RowInt4Linear):
         return False
     if not all(hasattr(decoder, name) for name in ("embed_tokens", "rotary_emb", "norm")):
         return False
