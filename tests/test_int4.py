@@ -67,6 +67,23 @@ def test_the_kernel_computes_the_quantized_product(bias):
     assert torch.allclose(int4_layer(x).double(), expected, atol=1e-4, rtol=1e-5)
 
 
+def test_activations_round_half_to_even():
+    """A group whose largest value is 127 has scale 1, so its halves are rounded as they are:
+    0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -0.5 -> 0, -1.5 -> -2 (away from zero would differ)."""
+    layer = random_linear(16, 64, seed=10, bias=False)
+    codes, scales, minimums = int4.quantize_groups(layer.weight.detach())
+    int4_layer = RowInt4Linear(layer)
+    halves = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, 126.5])
+    x = torch.zeros(1, 64)
+    x[0, 0], x[0, 1:9], x[0, 32], x[0, 33:41] = 127.0, halves, -127.0, -halves
+    quantized = torch.round(x).double()  # torch rounds half to even
+    weight = int4.dequantize(codes, scales, minimums).double()
+    expected = quantized @ weight.T
+    assert torch.allclose(int4_layer(x).double(), expected, atol=1e-4, rtol=1e-6)
+    away = (torch.sign(x) * torch.floor(x.abs() + 0.5)).double()  # half away from zero
+    assert not torch.allclose(away @ weight.T, expected, atol=1e-4, rtol=1e-6)
+
+
 def test_a_nan_or_infinity_reaches_that_rows_outputs_only():
     layer = RowInt4Linear(random_linear(32, 64, seed=8))
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(9))

@@ -81,29 +81,52 @@ float half_to_float(uint16_t h) {
   return out;
 }
 
-// One row's int8 codes per group of 32: da = max|x| / 127, code = nearest(x * (127 / max|x|)).
-void quantize_row(const float* x, int64_t k, int8_t* codes, float* da, float* das) {
+// One row's int8 codes per group of 32: da = max|x| / 127, code = nearest(x * (127 / max|x|)),
+// rounded half to even. Written in GCC's vector extensions, 8 lanes at a time: a maximum, a
+// product and a rounding per element, the same in any lane order, so every clone (AVX-512,
+// AVX2, baseline) gives the same codes (measured: the scalar loop this replaces spent 45 us
+// on one 8960-wide row, about 1.9 ms of every step of the 1.5B, and as much again per extra
+// row of a verify pass).
+typedef float Lanes __attribute__((vector_size(32)));
+typedef int32_t IntLanes __attribute__((vector_size(32)));
+constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: x + kRound - kRound rounds |x| < 2^22
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void quantize_row(
+    const float* x, int64_t k, int8_t* codes, float* da, float* das) {
   for (int64_t g = 0; g < k / kGroup; ++g) {
-    const float* in = x + g * kGroup;
+    Lanes v[kGroup / 8];
+    std::memcpy(v, x + g * kGroup, sizeof(v));
+    Lanes top = {};
+    IntLanes finite = {};
+    finite -= 1;  // all bits set: every lane finite so far
+    for (const Lanes& lane : v) {
+      const Lanes magnitude = (Lanes)((IntLanes)lane & 0x7fffffff);
+      top = magnitude > top ? magnitude : top;  // a NaN never wins: checked on its own
+      finite &= (lane - lane) == 0;             // inf - inf and NaN - NaN are NaN
+    }
     float amax = 0.0f;
-    bool finite = true;
-    for (int i = 0; i < kGroup; ++i) {
-      amax = std::fmax(amax, std::fabs(in[i]));  // fmax skips a NaN: checked on its own
-      finite = finite && std::isfinite(in[i]);
+    bool all_finite = true;
+    for (int i = 0; i < 8; ++i) {
+      amax = top[i] > amax ? top[i] : amax;
+      all_finite = all_finite && finite[i] != 0;
     }
     int32_t sum = 0;
-    if (amax > 0.0f && finite) {
+    if (amax > 0.0f && all_finite) {
       const float inverse = 127.0f / amax;
-      for (int i = 0; i < kGroup; ++i) {
-        float q = std::nearbyint(in[i] * inverse);
-        q = std::fmin(127.0f, std::fmax(-127.0f, q));
-        codes[g * kGroup + i] = static_cast<int8_t>(q);
-        sum += static_cast<int32_t>(q);
+      IntLanes total = {};
+      for (int j = 0; j < kGroup / 8; ++j) {
+        Lanes q = (v[j] * inverse + kRound) - kRound;
+        q = q > 127.0f ? Lanes{} + 127.0f : q;
+        q = q < -127.0f ? Lanes{} - 127.0f : q;
+        const IntLanes n = __builtin_convertvector(q, IntLanes);
+        total += n;
+        for (int i = 0; i < 8; ++i) codes[g * kGroup + 8 * j + i] = static_cast<int8_t>(n[i]);
       }
+      for (int i = 0; i < 8; ++i) sum += total[i];
       da[g] = amax / 127.0f;
     } else {  // all zero, or a NaN / infinity there: the row's outputs become NaN, as in float
       std::memset(codes + g * kGroup, 0, kGroup);
-      da[g] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      da[g] = all_finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
     }
     das[g] = da[g] * static_cast<float>(sum);
   }
