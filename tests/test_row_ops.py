@@ -187,3 +187,36 @@ def test_forwards_and_rollbacks_across_growth_equal_one_fresh_pass():
     pieces += [backend.forward([t]) for t in tokens[250:270]]
     pieces.append(backend.forward(tokens[270:]))
     assert torch.equal(torch.cat(pieces), fresh[200:])
+
+
+# ---- the CPU-specific clones against baseline code -----------------------------------------
+
+
+def test_the_clones_this_cpu_runs_give_the_baseline_codes_bits(ops, threads):
+    """The vectorized loops are compiled as AVX-512, AVX2 and baseline clones, one chosen per
+    CPU: this CPU's clone and a build of baseline code only give the same bits at the 1.5B's
+    sizes (norm, gated product, rotary mix, attention, and the int4 product's activation
+    quantizer), so another kind of CPU computes the same numbers."""
+    baseline = int4.baseline_kernel()
+    torch.set_num_threads(2)
+    x, weight = randn(5, 1536, seed=20, scale=3.0), randn(1536, seed=21)
+    assert torch.equal(ops.rms_norm(x, weight, 1e-6), baseline.rms_norm(x, weight, 1e-6))
+    gate_up = randn(5, 2 * 8960 + 6, seed=22, scale=6.0)  # a width that leaves a tail
+    assert torch.equal(ops.silu_mul(gate_up), baseline.silu_mul(gate_up))
+    rows, cos, sin = randn(5, 12, 128, seed=23), randn(5, 128, seed=24), randn(5, 128, seed=25)
+    mine, theirs = rows.clone(), rows.clone()
+    ops.rope_(mine, cos, sin)
+    baseline.rope_(theirs, cos, sin)
+    assert torch.equal(mine, theirs)
+    keys, values = randn(2, 203, 128, seed=26), randn(2, 203, 128, seed=27)
+    assert torch.equal(
+        ops.causal_attention(rows, keys, values, 0.088),
+        baseline.causal_attention(rows, keys, values, 0.088),
+    )
+    layer = int4.RowInt4Linear(torch.nn.Linear(8960, 64))
+    activations = randn(3, 8960, seed=28, scale=2.0)
+    for path in range(int4.best_path() + 1):
+        assert torch.equal(
+            ops.int4_linear(activations, layer.packed, layer.bias, path),
+            baseline.int4_linear(activations, layer.packed, layer.bias, path),
+        )

@@ -85,10 +85,19 @@ def kernel_name() -> str:
     return f"specdec_int4_{key.hexdigest()[:16]}"
 
 
-def _build():
+@functools.cache
+def baseline_kernel():
+    """The kernel built with x86-64 baseline code only where the usual build compiles
+    AVX-512 / AVX2 / baseline clones chosen by the CPU (the vectorized loops of the row
+    operations and the activation quantizer): tests compare the two bit for bit, which is
+    what a CPU of another kind would compute."""
+    return _build(baseline=True)
+
+
+def _build(baseline: bool = False):
     from torch.utils import cpp_extension
 
-    name = kernel_name()
+    name = kernel_name() + ("_baseline" if baseline else "")
     directory = kernel_dir() / name
     directory.mkdir(parents=True, exist_ok=True)
     try:
@@ -96,7 +105,8 @@ def _build():
             name=name,
             sources=[str(path) for path in SOURCES],
             build_directory=str(directory),
-            extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
+            extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"]
+            + (["-DSPECDEC_BASELINE_ONLY"] if baseline else []),
             extra_ldflags=["-fopenmp"],
             verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")),
         )

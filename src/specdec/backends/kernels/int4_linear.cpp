@@ -87,11 +87,17 @@ float half_to_float(uint16_t h) {
 // AVX2, baseline) gives the same codes (measured: the scalar loop this replaces spent 45 us
 // on one 8960-wide row, about 1.9 ms of every step of the 1.5B, and as much again per extra
 // row of a verify pass).
+// SPECDEC_BASELINE_ONLY: x86-64 baseline code only (a test builds it to check the clones agree).
+#ifdef SPECDEC_BASELINE_ONLY
+#define SPECDEC_CLONES
+#else
+#define SPECDEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 typedef float Lanes __attribute__((vector_size(32)));
 typedef int32_t IntLanes __attribute__((vector_size(32)));
 constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: x + kRound - kRound rounds |x| < 2^22
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void quantize_row(
+SPECDEC_CLONES void quantize_row(
     const float* x, int64_t k, int8_t* codes, float* da, float* das) {
   for (int64_t g = 0; g < k / kGroup; ++g) {
     Lanes v[kGroup / 8];

@@ -26,7 +26,12 @@
 
 namespace {
 
+// SPECDEC_BASELINE_ONLY: x86-64 baseline code only (a test builds it to check the clones agree).
+#ifdef SPECDEC_BASELINE_ONLY
+#define SPECDEC_CLONES
+#else
 #define SPECDEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 
 constexpr int kLanes = 8;
 
