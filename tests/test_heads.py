@@ -196,6 +196,38 @@ def test_save_load_round_trip_and_refusals(tmp_path, target_model, trained, kind
         load_heads(kind, target, str(tmp_path), "tiny")
 
 
+def test_eagle_beside_an_int4_target_runs_on_int4_and_stays_exact(tmp_path, target_model, trained):
+    """Loaded for an int4 target, EAGLE's layer runs on the int4 row kernels and ``fc`` is
+    int4 too; greedy speculation still equals plain int4 decoding, every k."""
+    import copy
+
+    from specdec.backends.int4 import RowInt4Linear, make_int4_batch_invariant, uses_row_kernels
+
+    heads, _ = trained["eagle"]
+    int4_model = make_int4_batch_invariant(copy.deepcopy(target_model))
+    target = backend(int4_model)
+    fingerprint = target_fingerprint(int4_model)
+    entry = store.entry_dir(str(tmp_path), fingerprint, "tiny-int4")
+    store.save(
+        entry,
+        "eagle",
+        heads.config.to_dict() | {"fingerprint": fingerprint},
+        heads.net.state_dict(),
+    )
+    loaded = load_heads("eagle", target, str(tmp_path), "tiny-int4")
+    assert isinstance(loaded.net.fc, RowInt4Linear) and uses_row_kernels(loaded.net.body)
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    drafted = 0
+    for k in range(1, 6):
+        for prompt in ([4], [7, 3] * 10):
+            expected = Engine(backend(int4_model)).generate(prompt, params).token_ids
+            target = backend(int4_model)
+            out = Engine(target, loaded.drafter(target)).generate(prompt, params, SpecConfig(k=k))
+            assert out.token_ids == expected, f"k={k}"
+            drafted += out.stats.drafted_tokens
+    assert drafted > 0
+
+
 # ---- the CLI on a tiny model directory -----------------------------------------------------
 
 
