@@ -47,21 +47,13 @@ inline float lane_sum(const float* acc) {
 typedef float F8 __attribute__((vector_size(32)));
 typedef int32_t I8 __attribute__((vector_size(32)));
 
-template <typename F, typename I>
-inline I to_int(F x) {
-  if constexpr (std::is_same_v<F, float>) {
-    return static_cast<I>(x);
+// A float (or int) as the other type, lane by lane for vectors; floats are truncated.
+template <typename To, typename From>
+inline To convert(From x) {
+  if constexpr (std::is_arithmetic_v<From>) {
+    return static_cast<To>(x);
   } else {
-    return __builtin_convertvector(x, I);
-  }
-}
-
-template <typename F, typename I>
-inline F to_float(I x) {
-  if constexpr (std::is_same_v<F, float>) {
-    return static_cast<F>(x);
-  } else {
-    return __builtin_convertvector(x, F);
+    return __builtin_convertvector(x, To);
   }
 }
 
@@ -78,7 +70,7 @@ inline F exp_steps(F x) {
   x = x > 88.3762626647949f ? F{} + 88.3762626647949f : x;
   x = x < -87.3365478515625f ? F{} - 87.3365478515625f : x;
   const F fx = x * 1.44269504088896341f + 0.5f;
-  F floor_fx = to_float<F, I>(to_int<F, I>(fx));
+  F floor_fx = convert<F>(convert<I>(fx));
   floor_fx = floor_fx > fx ? floor_fx - 1.0f : floor_fx;
   x = x - floor_fx * 0.693359375f;
   x = x - floor_fx * -2.12194440e-4f;
@@ -90,7 +82,7 @@ inline F exp_steps(F x) {
   y = y * x + 1.6666665459e-1f;
   y = y * x + 5.0000001201e-1f;
   y = y * z + x + 1.0f;
-  const F scale = from_bits<F, I>((to_int<F, I>(floor_fx) + 127) << 23);
+  const F scale = from_bits<F, I>((convert<I>(floor_fx) + 127) << 23);
   return input != input ? input : y * scale;
 }
 
