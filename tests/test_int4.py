@@ -1,6 +1,8 @@
 """The int4 runtime: its kernel's paths agree bit for bit, a block equals its steps bit for bit
 at real layer sizes and any thread count, and speculation on it equals plain decoding."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -152,6 +154,26 @@ def test_int4_greedy_speculation_equals_int4_plain(int4_pair, k):
         )
         assert out.token_ids == expected.token_ids
         assert out.stats.accepted_tokens > 0
+
+
+def test_int4_seeded_sampling_equals_int4_plain_for_every_k(int4_pair):
+    """Coupled verification on int4 (the row kernels, the lean layer loop, in-place caches):
+    a seeded sampled output is plain int4 decoding's with that seed, whatever k, with top-k
+    and top-p shaping both sides."""
+    target, draft = int4_pair
+    params = SamplingParams(max_tokens=40, temperature=0.9, top_k=12, top_p=0.95, seed=5)
+    prompt = [7, 1, 30, 12, 4, 4, 9]
+    expected = Engine(backend(target)).generate(prompt, params, SpecConfig(verification="coupled"))
+    accepted = 0
+    for k in (1, 3, 5, 8, "auto"):
+        out = Engine(backend(target), ModelDrafter(backend(draft))).generate(
+            prompt, params, SpecConfig(k=k, verification="coupled")
+        )
+        assert out.token_ids == expected.token_ids, f"k={k}"
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0
+    other = Engine(backend(target)).generate(prompt, dataclasses.replace(params, seed=6))
+    assert other.token_ids != expected.token_ids  # the seed matters: the check can fail
 
 
 @pytest.fixture(scope="module")
