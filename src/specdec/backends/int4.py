@@ -33,9 +33,11 @@ from specdec.models import ModelError
 GROUP = 32  # inputs per scale
 TILE = 16  # output columns per packed block
 BLOCK = 320  # bytes per (tile, group): 256 code bytes, 16 float16 scales, 16 float16 minimums
-SOURCES = tuple(
-    Path(__file__).with_name("kernels") / name for name in ("int4_linear.cpp", "row_ops.cpp")
+KERNEL_FILES = tuple(
+    Path(__file__).with_name("kernels") / name
+    for name in ("int4_linear.cpp", "row_ops.cpp", "lanes.h")
 )
+SOURCES = tuple(path for path in KERNEL_FILES if path.suffix == ".cpp")
 PATHS = {0: "scalar", 1: "AVX2", 2: "AVX-512 VNNI"}
 
 _kernel = None
@@ -80,7 +82,7 @@ def kernel_ready() -> bool:
 @functools.cache
 def kernel_name() -> str:
     """The kernel's module name: keyed by its source, torch's and Python's versions."""
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in KERNEL_FILES)
     key = hashlib.sha256(source + torch.__version__.encode() + sys.version.encode())
     return f"specdec_int4_{key.hexdigest()[:16]}"
 

@@ -38,6 +38,8 @@
 #include <limits>
 #include <vector>
 
+#include "lanes.h"
+
 namespace {
 
 constexpr int kGroup = 32;
@@ -87,26 +89,18 @@ float half_to_float(uint16_t h) {
 // AVX2, baseline) gives the same codes (measured: the scalar loop this replaces spent 45 us
 // on one 8960-wide row, about 1.9 ms of every step of the 1.5B, and as much again per extra
 // row of a verify pass).
-// SPECDEC_BASELINE_ONLY: x86-64 baseline code only (a test builds it to check the clones agree).
-#ifdef SPECDEC_BASELINE_ONLY
-#define SPECDEC_CLONES
-#else
-#define SPECDEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-typedef float Lanes __attribute__((vector_size(32)));
-typedef int32_t IntLanes __attribute__((vector_size(32)));
 constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: x + kRound - kRound rounds |x| < 2^22
 
 SPECDEC_CLONES void quantize_row(
     const float* x, int64_t k, int8_t* codes, float* da, float* das) {
   for (int64_t g = 0; g < k / kGroup; ++g) {
-    Lanes v[kGroup / 8];
+    F8 v[kGroup / 8];
     std::memcpy(v, x + g * kGroup, sizeof(v));
-    Lanes top = {};
-    IntLanes finite = {};
+    F8 top = {};
+    I8 finite = {};
     finite -= 1;  // all bits set: every lane finite so far
-    for (const Lanes& lane : v) {
-      const Lanes magnitude = (Lanes)((IntLanes)lane & 0x7fffffff);
+    for (const F8& lane : v) {
+      const F8 magnitude = (F8)((I8)lane & 0x7fffffff);
       top = magnitude > top ? magnitude : top;  // a NaN never wins: checked on its own
       finite &= (lane - lane) == 0;             // inf - inf and NaN - NaN are NaN
     }
@@ -119,12 +113,12 @@ SPECDEC_CLONES void quantize_row(
     int32_t sum = 0;
     if (amax > 0.0f && all_finite) {
       const float inverse = 127.0f / amax;
-      IntLanes total = {};
+      I8 total = {};
       for (int j = 0; j < kGroup / 8; ++j) {
-        Lanes q = (v[j] * inverse + kRound) - kRound;
-        q = q > 127.0f ? Lanes{} + 127.0f : q;
-        q = q < -127.0f ? Lanes{} - 127.0f : q;
-        const IntLanes n = __builtin_convertvector(q, IntLanes);
+        F8 q = (v[j] * inverse + kRound) - kRound;
+        q = q > 127.0f ? F8{} + 127.0f : q;
+        q = q < -127.0f ? F8{} - 127.0f : q;
+        const I8 n = __builtin_convertvector(q, I8);
         total += n;
         for (int i = 0; i < 8; ++i) codes[g * kGroup + 8 * j + i] = static_cast<int8_t>(n[i]);
       }

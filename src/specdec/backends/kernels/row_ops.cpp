@@ -24,14 +24,9 @@
 #include <type_traits>
 #include <vector>
 
-namespace {
+#include "lanes.h"
 
-// SPECDEC_BASELINE_ONLY: x86-64 baseline code only (a test builds it to check the clones agree).
-#ifdef SPECDEC_BASELINE_ONLY
-#define SPECDEC_CLONES
-#else
-#define SPECDEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+namespace {
 
 constexpr int kLanes = 8;
 
@@ -39,13 +34,6 @@ constexpr int kLanes = 8;
 inline float lane_sum(const float* acc) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
-
-// exp(x) by Cephes' expf polynomial (about 1 ulp) for 8 lanes, in GCC's vector extensions:
-// IEEE operations only, lane by lane, so the same bits whatever instructions a clone compiles
-// them to, and the same as `exp_one` (the same steps on one float, for the tails). NaN stays
-// NaN; below -87.3 the result flushes towards 0.
-typedef float F8 __attribute__((vector_size(32)));
-typedef int32_t I8 __attribute__((vector_size(32)));
 
 // A float (or int) as the other type, lane by lane for vectors; floats are truncated.
 template <typename To, typename From>
@@ -64,6 +52,10 @@ inline F from_bits(I bits) {
   return out;
 }
 
+// exp(x) by Cephes' expf polynomial (about 1 ulp) for 8 lanes, in GCC's vector extensions:
+// IEEE operations only, lane by lane, so the same bits whatever instructions a clone compiles
+// them to, and the same as `exp_one` (the same steps on one float, for the tails). NaN stays
+// NaN; below -87.3 the result flushes towards 0.
 template <typename F, typename I>
 inline F exp_steps(F x) {
   const F input = x;
