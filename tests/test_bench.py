@@ -61,6 +61,18 @@ def test_summary_rows_and_exactness(report):
     assert all(
         0 <= row["acceptance_rate"] <= 1 and row["mean_accepted_length"] >= 1 for row in model_rows
     )
+    for row in model_rows:  # the first draft is reached every round; later ones less often
+        runs = [
+            r
+            for r in result["runs"]
+            if (r["workload"], r["system"]) == (row["workload"], "model-k4")
+        ]
+        drafted = [sum(r["stats"]["drafted_per_position"][j] for r in runs) for j in range(3)]
+        accepted = [sum(r["stats"]["accepted_per_position"][j] for r in runs) for j in range(3)]
+        assert row["acceptance_by_position"] == [
+            a / d for a, d in zip(accepted, drafted, strict=True)
+        ]
+        assert row["draft_ms_per_token"] > 0
     assert result["theory"], "fixed-k runs give measured-vs-predicted points"
     passes = [run["repeat"] for run in result["runs"]]
     assert sorted(set(passes)) == [0, 1]
@@ -69,6 +81,7 @@ def test_summary_rows_and_exactness(report):
 def test_markdown_table_lists_each_system(report):
     table = (report / "results.md").read_text()
     assert "| code | model-k4 |" in table and "speedup vs plain" in table
+    assert "by position (1, 2, 3)" in table
 
 
 def test_unknown_system_is_an_error(capsys):

@@ -169,6 +169,9 @@ def _warm_up(systems: dict, prompt_ids: list[int], params: SamplingParams) -> No
 # ---- summaries ------------------------------------------------------------------------
 
 
+POSITIONS_SHOWN = 3  # per-position acceptance in the summary: drafts 1..3
+
+
 def summarize(runs: list[Run], baseline: str = "plain") -> list[dict]:
     """One row per (workload, system): medians and ranges over prompts x repeats.
 
@@ -211,6 +214,11 @@ def summarize(runs: list[Run], baseline: str = "plain") -> list[dict]:
                 "speedup_max": max(ratios) if ratios else None,
                 "acceptance_rate": total.acceptance_rate if drafted else None,
                 "mean_accepted_length": total.mean_accepted_length if drafted else None,
+                # P(draft i accepted | drafts before it accepted), for the first positions
+                "acceptance_by_position": (
+                    total.per_position_acceptance[:POSITIONS_SHOWN] if drafted else None
+                ),
+                "draft_ms_per_token": 1000 * total.drafter_seconds / drafted if drafted else None,
                 "identical": sum(identical) / len(identical) if identical else None,
             }
         )

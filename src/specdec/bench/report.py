@@ -12,11 +12,16 @@ def _fmt(value, spec: str = ".2f", none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
+def _positions(rates: list[float] | None) -> str:
+    return "-" if not rates else " ".join(f"{rate:.2f}" for rate in rates)
+
+
 def markdown_table(rows: list[dict], descriptions: dict[str, str]) -> str:
     lines = [
         "| workload | system | tok/s median (min–max) | ms/token | speedup vs plain (min–max) "
-        "| acceptance | mean accepted length | identical to plain* |",
-        "|---|---|---|---|---|---|---|---|",
+        "| acceptance | by position (1, 2, 3) | mean accepted length | draft ms/token "
+        "| identical to plain* |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         identical = (
@@ -31,7 +36,9 @@ def markdown_table(rows: list[dict], descriptions: dict[str, str]) -> str:
             f"({row['tokens_per_second_min']:.2f}–{row['tokens_per_second_max']:.2f}) | "
             f"{_fmt(row['ms_per_token'], '.0f')} | "
             f"{_fmt(row['speedup'])}x ({_fmt(row['speedup_min'])}–{_fmt(row['speedup_max'])}) | "
-            f"{_fmt(row['acceptance_rate'])} | {_fmt(row['mean_accepted_length'])} | {identical} |"
+            f"{_fmt(row['acceptance_rate'])} | {_positions(row.get('acceptance_by_position'))} | "
+            f"{_fmt(row['mean_accepted_length'])} | {_fmt(row.get('draft_ms_per_token'), '.1f')} | "
+            f"{identical} |"
         )
     lines.append("")
     lines.append(
