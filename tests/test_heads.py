@@ -447,3 +447,12 @@ def test_chat_data_joins_the_corpus_data_in_one_directory(tmp_path, model_dir, c
 
     assert summary(capsys.readouterr().err) == summary(err)
     assert main(["heads", "train", "--kind", "medusa", "--minutes", "0.03", *common[:4]]) == 0
+    capsys.readouterr()
+    assert main(["heads", "eval", "--kind", "medusa", "--max-k", "2", *common[:4]]) == 0
+    result = json.loads(capsys.readouterr().out)
+    by_source = result["by_source"]  # code and chat held out apart, and together
+    assert sorted(by_source) == ["chat", "corpus"]
+    assert sum(part["held_out_chunks"] for part in by_source.values()) == result["held_out_chunks"]
+    for j in range(2):
+        reached = [part["acceptance_by_position"][j] for part in by_source.values()]
+        assert min(reached) <= result["acceptance_by_position"][j] <= max(reached)

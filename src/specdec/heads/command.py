@@ -58,6 +58,20 @@ def add_parser(commands, parser_class) -> None:
         "corpus's in the same data directory; replies saved, so a rerun continues)",
     )
     data.add_argument(
+        "--chat",
+        action="store_true",
+        help="instead of a corpus: the target answers the built-in prompts (about 1,200 "
+        "requests of common kinds over everyday, science, writing and programming topics; "
+        "none on the chat benchmark's topics), collected like --chat-prompts",
+    )
+    data.add_argument(
+        "--batch",
+        type=int,
+        default=32,
+        help="--chat/--chat-prompts: replies written together, one target pass for a token "
+        "of each (int8/int4 runtimes; each reply as the target writes it alone; default 32)",
+    )
+    data.add_argument(
         "--reply-tokens",
         type=int,
         default=256,
@@ -157,8 +171,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default="int8",
-        choices=["int8", "float32", "bfloat16"],
-        help="the target runtime the heads will draft for (default: int8)",
+        choices=["int8", "int4", "float32", "bfloat16"],
+        help="the target runtime the heads will draft for (default: int8; heads load for "
+        "either int runtime, the features differing only by rounding)",
     )
     p.add_argument(
         "--data",
@@ -198,16 +213,25 @@ def _data(args, target, fingerprint, data_dir, progress) -> int:
         raise ValueError(f"--length must be >= 16, got {args.length}")
     if args.minutes <= 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
-    if args.chat_prompts and args.corpus:
-        raise ValueError("give --corpus or --chat-prompts, not both (run twice to have both)")
+    if sum(map(bool, (args.chat_prompts, args.corpus, args.chat))) > 1:
+        raise ValueError(
+            "give one of --corpus, --chat, --chat-prompts (run again to add another source)"
+        )
     if args.reply_tokens < 1:
         raise ValueError(f"--reply-tokens must be >= 1, got {args.reply_tokens}")
+    if args.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {args.batch}")
     files: list[Path] = []
     documents = None
-    if args.chat_prompts:
-        prompts = data.read_prompts(Path(args.chat_prompts))
+    if args.chat_prompts or args.chat:
+        from specdec.heads.chat_prompts import builtin_prompts
+
+        prompts = (
+            data.read_prompts(Path(args.chat_prompts)) if args.chat_prompts else builtin_prompts()
+        )
         data_dir.mkdir(parents=True, exist_ok=True)
-        documents = data.replies(target, prompts, args.reply_tokens, data_dir / "replies.jsonl")
+        saved = data_dir / ("replies.jsonl" if args.chat_prompts else "builtin-replies.jsonl")
+        documents = data.replies(target, prompts, args.reply_tokens, saved, batch=args.batch)
         what = f"{len(prompts)} prompts and the target's replies"
     else:
         files = data.corpus_files(args.corpus or [data.default_corpus()], args.suffix)
@@ -221,7 +245,7 @@ def _data(args, target, fingerprint, data_dir, progress) -> int:
         args.max_tokens,
         args.minutes,
         progress,
-        source="chat" if documents is not None else "corpus",
+        source="corpus" if documents is None else "chat" if args.chat_prompts else "chat-builtin",
         documents=documents,
     )
     by_source: dict[str, int] = {}

@@ -178,10 +178,29 @@ def run_command(
             f"{data_dir}: no held-out chunks (every {data.HELD_OUT}th chunk is held out): "
             "collect more data"
         )
-    agree = agreement(make_drafter, target, held, max_k, POSITIONS_PER_CHUNK)
+    by_source = {
+        source: agreement(make_drafter, target, held.only(source), max_k, POSITIONS_PER_CHUNK)
+        for source in sorted(set(held.sources))
+    }
+    agree = Agreement(
+        [sum(a.accepted[j] for a in by_source.values()) for j in range(max_k)],
+        [sum(a.trials[j] for a in by_source.values()) for j in range(max_k)],
+    )
     timing = costs(make_drafter, target, held.tokens[0, :256].tolist(), max_k)
     result = summarize(agree, timing, max_k)
     result["held_out_chunks"] = int(held.tokens.shape[0])
+    if len(by_source) > 1:  # code and chat acceptance differ: each is reported
+        result["by_source"] = {
+            source: {
+                key: value
+                for key, value in summarize(part, timing, max_k).items()
+                if key
+                in ("acceptance_by_position", "expected_tokens_per_round", "predicted_speedup")
+            }
+            | {"held_out_chunks": held.sources.count(source)}
+            for source, part in by_source.items()
+        }
+    result["target_runtime"] = args.dtype
     result["drafter"] = label if args.kind != "model" else f"{label} ({args.draft}, {runtime})"
     store.save_eval(entry, label, result)
     json.dump(result, sys.stdout, indent=1)

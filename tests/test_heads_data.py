@@ -1,0 +1,104 @@
+"""Chat-like training data for heads: built-in prompts, replies written in batches."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from importlib import resources
+
+import pytest
+
+from helpers import backend, tiny_llama
+from specdec import Engine, SamplingParams
+from specdec.backends.int4 import make_int4_batch_invariant
+from specdec.backends.int8 import make_int8_batch_invariant
+from specdec.cli import main
+from specdec.heads.chat_prompts import builtin_prompts
+from specdec.heads.data import replies
+from specdec.prompting import chat_ids
+
+# The topics of the shipped chat benchmark's prompts (bench/workloads/chat.jsonl).
+BENCH_TOPICS = [
+    "recursion", "tuple", "readable", "sky", "thread", "process", "variable",
+    "operating system", "rest api",
+]  # fmt: skip
+
+
+def test_builtin_prompts_are_many_distinct_and_stable():
+    prompts = builtin_prompts()
+    assert len(prompts) > 1000
+    assert len(set(prompts)) == len(prompts)
+    assert builtin_prompts() == prompts  # a fixed order: a rerun resumes the same list
+    assert builtin_prompts(seed=1) != prompts and sorted(builtin_prompts(seed=1)) == sorted(prompts)
+
+
+def test_no_builtin_prompt_is_on_a_topic_of_the_chat_benchmark():
+    """Heads trained on these replies are measured on the benchmark's unseen requests."""
+    shipped = resources.files("specdec.bench") / "workloads" / "chat.jsonl"
+    bench = [json.loads(line)["prompt"] for line in shipped.read_text().splitlines()]
+    for prompt in bench:  # every benchmark prompt names one of the topics
+        assert any(topic in prompt.lower() for topic in BENCH_TOPICS), prompt
+    for prompt in builtin_prompts():
+        assert prompt not in bench
+        words = set(re.findall(r"[a-z]+", prompt.lower()))
+        hits = [t for t in BENCH_TOPICS if t in prompt.lower() and set(t.split()) <= words]
+        assert not hits, (prompt, hits)
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def quantized_target(request, tokenizer):
+    model = tiny_llama(seed=0)
+    model = (make_int8_batch_invariant if request.param == "int8" else make_int4_batch_invariant)(
+        model
+    )
+    chatty = copy.deepcopy(tokenizer)
+    chatty.chat_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    return backend(model, chatty)
+
+
+def test_batched_replies_are_the_ones_written_alone(quantized_target, tmp_path):
+    """Five prompts of different lengths, three at a time: each reply is the target's own
+    seeded reply alone, bit for bit; they come in the order they ended and are saved so; a
+    rerun reads them back in that order and writes only the missing ones."""
+    target = quantized_target
+    prompts = ["hi", "the cat sat", "a", "dogs run far away", "ok then"]
+    saved = tmp_path / "replies.jsonl"
+    documents = list(replies(target, prompts, 10, saved, seed=5, batch=3))
+    rows = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert sorted(row["prompt"] for row in rows) == list(range(5))
+    assert [row["token_ids"] for row in rows] == documents
+    for row in rows:
+        prompt = chat_ids(target.tokenizer, [{"role": "user", "content": prompts[row["prompt"]]}])
+        params = SamplingParams(max_tokens=10, temperature=0.7, seed=5 + row["prompt"])
+        alone = Engine(backend(target.model, target.tokenizer)).generate(prompt, params)
+        assert row["token_ids"] == prompt + alone.token_ids
+    lines = saved.read_text().splitlines()
+    saved.write_text("\n".join(lines[:3]) + "\n" + lines[3][:7])  # an interrupted write
+    again = list(replies(target, prompts, 10, saved, seed=5, batch=3))
+    assert again[:3] == documents[:3]
+    assert sorted(map(tuple, again)) == sorted(map(tuple, documents))
+    assert len(saved.read_text().splitlines()) == 5
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--chat", "--corpus", "x"], "give one of --corpus, --chat, --chat-prompts"),
+        (["--chat", "--batch", "0"], "--batch must be >= 1"),
+    ],
+)
+def test_chat_data_arguments_are_checked(tmp_path, model_dir, capsys, monkeypatch, extra, message):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    args = ["heads", "data", "--target", str(model_dir), "--dtype", "float32", *extra]
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_builtin_chat_data_is_its_own_source(tmp_path, model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    common = ["--target", str(model_dir), "--dtype", "int8", "--length", "32"]
+    chat = ["heads", "data", "--chat", "--reply-tokens", "16", "--max-tokens", "96", *common]
+    assert main(chat) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"3 chat-builtin;", err), err
