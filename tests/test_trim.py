@@ -75,6 +75,28 @@ def test_a_trimmed_int4_layer_scores_its_tokens_as_the_full_one_does():
         assert torch.isneginf(logits[:, outside]).all()
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_float_rows_are_the_weights_a_runtime_multiplies_by(runtime):
+    """What heads train against: the output layer's rows, dequantized. The float32 layer's
+    rows are its weights; an int8 or int4 layer's, the weights its codes stand for (its
+    products differ from them only by its rounding of the activations)."""
+    from specdec.backends.trim import float_rows
+
+    source = tiny_llama(seed=0)
+    exact = source.get_output_embeddings().weight.detach().clone()
+    head = RUNTIMES[runtime](source).get_output_embeddings()
+    ids = [5, 0, 31, 7]
+    rows = float_rows(head, ids)
+    assert rows.shape == (4, exact.shape[1]) and rows.dtype == torch.float32
+    step = {"float32": 0.0, "int8": exact.abs().max() / 127, "int4": exact.abs().max() / 7.5}
+    assert (rows - exact[ids]).abs().max() <= step[runtime] + 1e-6
+    x = torch.randn(3, exact.shape[1], generator=torch.Generator().manual_seed(0))
+    # Activations are rounded to int8 with a scale of at most max|x| / 127 per row (int8) or
+    # group of 32 (int4): each output moves by at most half a step times the row's |weights|.
+    bound = 0.5 * x.abs().amax(1, keepdim=True) / 127 * rows.abs().sum(1)
+    assert ((head(x)[:, ids].float() - x @ rows.T).abs() <= bound + 1e-5).all()
+
+
 def test_vocab_build_and_its_errors(tmp_path, capsys, target_model, tokenizer):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat. the end\n" * 20)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from specdec.backends.int4 import RowInt4Linear
+from specdec.backends.int4 import RowInt4Linear, dequantize, unpack
 from specdec.backends.int8 import RowInt8Linear
 
 
@@ -59,7 +59,7 @@ def _rows(head: nn.Module, ids: torch.Tensor) -> nn.Module:
 
 def float_rows(head: nn.Module, ids: Sequence[int]) -> torch.Tensor:
     """The output layer's weight rows ``ids`` as float32  # [len(ids), in] (dequantized
-    from int8, pin columns dropped): what training differentiates through."""
+    from int8 or int4, pin columns dropped): what training differentiates through."""
     index = torch.tensor(list(ids), dtype=torch.long)
     if isinstance(head, TrimmedHead):
         raise ValueError("the output layer is already trimmed")
@@ -67,6 +67,9 @@ def float_rows(head: nn.Module, ids: Sequence[int]) -> torch.Tensor:
         int8, scales = head.int8_state()
         rows = int8[index, : head.in_features].float() * scales[index, None].float()
         return rows.contiguous()
+    if isinstance(head, RowInt4Linear):
+        codes, scales, minimums = unpack(head.packed)
+        return dequantize(codes[index], scales[index], minimums[index]).contiguous()
     if isinstance(head, nn.Linear):
         return head.weight.detach()[index].float().contiguous()
     raise ValueError(f"cannot read the rows of an output layer of type {type(head).__name__}")
