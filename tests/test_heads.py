@@ -361,6 +361,34 @@ def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     assert auto_recipe(target, str(tmp_path), "tiny")[0] == "eagle"
 
 
+def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, trained):
+    """An int4 step costs about half an int8 one, so c and v (and the predictions) differ
+    by runtime: an int4 target goes by evaluations made with an int4 target, and by the
+    int8 ones (saying so) only where no heads were evaluated with int4."""
+    from specdec.backends.int4 import make_int4_batch_invariant
+    from specdec.heads.load import auto_recipe, target_runtime
+
+    model = make_int4_batch_invariant(tiny_llama(seed=0))
+    assert target_runtime(model) == "int4"
+    assert target_runtime(tiny_llama(seed=0)) == "float32"
+    assert target_runtime(make_int8_batch_invariant(tiny_llama(seed=0))) == "int8"
+    target = backend(model)
+    fingerprint = target_fingerprint(model)
+    entry = store.entry_dir(str(tmp_path), fingerprint, "tiny")
+    heads, _ = trained["eagle"]
+    store.save(entry, "eagle", heads.config.to_dict() | {"fingerprint": fingerprint}, {})
+    store.save_eval(entry, "eagle", {"predicted_speedup": 1.2})
+    store.save_eval(entry, "model", {"predicted_speedup": 1.5})
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "model" and "(int8 target): eagle 1.20x, model 1.50x" in why
+    store.save_eval(entry, "eagle" + store.eval_suffix("int4"), {"predicted_speedup": 1.4})
+    store.save_eval(entry, "model" + store.eval_suffix("int4"), {"predicted_speedup": 1.1})
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "eagle" and "(int4 target): eagle 1.40x, model 1.10x" in why
+    listing = "\n".join(store.list_entries(str(tmp_path)))
+    assert "int4 target" in listing and "int8 target" in listing
+
+
 # ---- chat-like data: the target's own replies --------------------------------------------
 
 

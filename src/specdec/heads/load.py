@@ -53,7 +53,9 @@ def load_heads(kind: str, target, cache_dir: str | None = None, target_name: str
         net.load_state_dict(state)
     except RuntimeError as error:
         raise ValueError(f"{entry / kind}: heads do not fit their config ({error})") from None
-    net = quantize(net, int4=config.kind == "eagle" and _on_int4(target.model)).eval()
+    net = quantize(
+        net, int4=config.kind == "eagle" and target_runtime(target.model) == "int4"
+    ).eval()
     output = TrimmedHead(target.model.get_output_embeddings(), config.token_ids, config.vocab_size)
     return Heads(config, net, output)
 
@@ -89,36 +91,58 @@ def quantize(net: nn.Module, int4: bool = False) -> nn.Module:
     return net
 
 
-def _on_int4(model: nn.Module) -> bool:
-    """Whether a target model runs on the int4 runtime (its output layer is int4)."""
-    from specdec.backends.int4 import RowInt4Linear
-
-    head = model.get_output_embeddings()  # type: ignore[operator]  # a transformers model
-    return isinstance(head, RowInt4Linear)
-
-
 NO_HEADS = "no heads trained and evaluated for this target"
 
 
 def auto_recipe(target, cache_dir: str | None = None, target_name: str = "target"):
     """``--drafter auto``: (recipe, why). The drafter with the highest speedup predicted by
     ``specdec heads eval`` on this machine (held-out acceptance, measured costs) among
-    trained heads and the draft model; ``model`` when no heads are trained or evaluated."""
+    trained heads and the draft model; ``model`` when no heads are trained or evaluated.
+
+    Costs differ by target runtime (an int4 step is about half an int8 one), so the
+    evaluations made with this target's runtime are used (``heads eval --dtype``); where
+    there are none with heads among them, those made with the int8 target, saying so."""
     from specdec.backends.hf import HFModel
 
     if not isinstance(target, HFModel):
         return "model", "heads need the transformers runtime"
     entry = store.entry_dir(cache_dir, target_fingerprint(target.model), target_name)
     evals = store.read_evals(entry)
-    predicted = {
-        kind: float(result["predicted_speedup"])
-        for kind, result in evals.items()
-        if "predicted_speedup" in result and (kind == "model" or (entry / kind).is_dir())
-    }
+    runtime = target_runtime(target.model)
+    predicted = _predicted(evals, runtime, entry)
+    if not set(predicted) - {"model"} and runtime != "int8":
+        predicted, runtime = _predicted(evals, "int8", entry), "int8"
     if not set(predicted) - {"model"}:
         return "model", NO_HEADS
     best = max(predicted, key=lambda kind: predicted[kind])
     if best != "model" and "model" not in predicted and predicted[best] <= 1.0:
         return "model", f"{best} heads are predicted at {predicted[best]:.2f}x only"
     listed = ", ".join(f"{kind} {speedup:.2f}x" for kind, speedup in sorted(predicted.items()))
-    return best, f"predicted by 'specdec heads eval' on this machine: {listed}"
+    return best, f"predicted by 'specdec heads eval' on this machine ({runtime} target): {listed}"
+
+
+def _predicted(evals: dict[str, dict], runtime: str, entry) -> dict[str, float]:
+    """Predicted speedups by drafter kind of the evaluations made with a ``runtime`` target
+    (recorded as ``kind`` for int8, ``kind@runtime`` otherwise) of drafters still there."""
+    suffix = store.eval_suffix(runtime)
+    found = {}
+    for label, result in evals.items():
+        kind, _, on = label.partition("@")
+        if (f"@{on}" if on else "") != suffix or "predicted_speedup" not in result:
+            continue
+        if kind == "model" or (entry / kind).is_dir():
+            found[kind] = float(result["predicted_speedup"])
+    return found
+
+
+def target_runtime(model: nn.Module) -> str:
+    """The runtime a target model is on, by its output layer: int4, int8, or its dtype."""
+    from specdec.backends.int4 import RowInt4Linear
+    from specdec.backends.int8 import RowInt8Linear
+
+    head = model.get_output_embeddings()  # type: ignore[operator]  # a transformers model
+    if isinstance(head, RowInt4Linear):
+        return "int4"
+    if isinstance(head, RowInt8Linear):
+        return "int8"
+    return str(next(model.parameters()).dtype).removeprefix("torch.")

@@ -73,8 +73,15 @@ def load(entry: Path, kind: str, fingerprint: str) -> tuple[dict, dict[str, torc
     return config, state
 
 
+def eval_suffix(runtime: str) -> str:
+    """How an evaluation's name says the target runtime it was made with: nothing for int8
+    (the first runtime heads were evaluated with), ``@int4`` etc. otherwise."""
+    return "" if runtime == "int8" else f"@{runtime}"
+
+
 def save_eval(entry: Path, kind: str, result: dict) -> None:
-    """Record ``specdec heads eval``'s result for a drafter kind (medusa, eagle, model)."""
+    """Record ``specdec heads eval``'s result for a drafter kind (medusa, eagle, model; with
+    ``eval_suffix`` for a target runtime other than int8)."""
     directory = entry / "eval"
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f"{kind}.json.tmp"
@@ -108,18 +115,26 @@ def list_entries(cache_dir: str | None) -> list[str]:
             except (OSError, ValueError):
                 continue
             trained = config.get("training", {})
-            evaluation = read_evals(entry).get(kind)
+            evaluations = {
+                label.partition("@")[2] or "int8": result
+                for label, result in read_evals(entry).items()
+                if label.partition("@")[0] == kind
+            }
             rows.append(
                 f"{entry.name}: {kind}, {config.get('vocab_count')} tokens scored, "
                 f"{trained.get('tokens_seen', '?')} tokens seen in "
                 f"{trained.get('minutes', 0):.1f} min"
-                + (_eval_summary(evaluation) if evaluation else "")
+                + "".join(
+                    _eval_summary(result, runtime)
+                    for runtime, result in sorted(evaluations.items())
+                )
             )
     return rows
 
 
-def _eval_summary(result: dict) -> str:
+def _eval_summary(result: dict, runtime: str) -> str:
     return (
-        f"; held out: acceptance by position {result.get('acceptance_by_position')}, "
+        f"; held out, {runtime} target: acceptance by position "
+        f"{result.get('acceptance_by_position')}, "
         f"c = {result.get('c_per_draft')}, predicted speedup {result.get('predicted_speedup')}x"
     )
