@@ -339,6 +339,25 @@ def test_server_drafts_with_heads_per_request(target_model, tokenizer, trained):
         running.close()
 
 
+def test_eval_predicts_every_k_from_its_own_pass_and_keeps_the_best():
+    """Acceptance 0.5 at every position, c = 0.05 a draft, passes of 2..5 tokens at 1.1,
+    1.3, 2.0, 2.6 steps (a convex int4-like curve): k = 1 gives 1.5 / 1.15, k = 2 gives
+    1.75 / 1.4; the prediction is the best k's, not max_k's."""
+    from specdec.heads.evaluate import Agreement, summarize
+
+    agree = Agreement([50, 25, 12, 6], [100, 50, 24, 12])
+    timing = {
+        "step_s": 0.02,
+        "pass_s": {2: 0.022, 3: 0.026, 4: 0.040, 5: 0.052},
+        "chain_s": 0.004,  # 4 drafts at 0.001 s: c = 0.05
+    }
+    result = summarize(agree, timing, 4)
+    expected = [1.5 / 1.15, 1.75 / 1.4, 1.875 / 2.15, 1.9375 / 2.8]
+    assert result["predicted_speedup_by_k"] == [round(x, 3) for x in expected]
+    assert result["best_k"] == 1 and result["predicted_speedup"] == round(1.5 / 1.15, 3)
+    assert result["v"] == 2.6 and result["c_per_draft"] == 0.05
+
+
 def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     from specdec.heads.load import NO_HEADS, auto_recipe
 

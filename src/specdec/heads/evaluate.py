@@ -93,38 +93,55 @@ def agreement(make_drafter, target, held: data.Shard, max_k: int, positions: int
 
 
 def costs(make_drafter, target, prompt: list[int], max_k: int, repeats: int = 9) -> dict:
-    """Median seconds of a one-token target step, a (k+1)-token pass, and a k-draft chain,
-    timed interleaved after ``prompt`` is cached."""
+    """Median seconds of a one-token target step, of a (k+1)-token pass for every k up to
+    ``max_k``, and of a ``max_k``-draft chain, timed interleaved after ``prompt`` is cached."""
     drafter = make_drafter(target)
     target.truncate(0)
     target.forward(prompt[:-1], last_only=True)
     drafter.prepare(prompt)
     base = len(prompt) - 1
-    step, passes, chains = [], [], []
+    step, chains = [], []
+    passes: dict[int, list[float]] = {n: [] for n in range(2, max_k + 2)}
     for _ in range(repeats + 1):
         started = time.perf_counter()
         target.forward([prompt[-1]], last_only=True)
         step.append(time.perf_counter() - started)
         target.truncate(base)
-        started = time.perf_counter()
-        target.forward(prompt[-1:] * (max_k + 1))
-        passes.append(time.perf_counter() - started)
-        target.truncate(base)
+        for n, times in passes.items():
+            started = time.perf_counter()
+            target.forward(prompt[-1:] * n)
+            times.append(time.perf_counter() - started)
+            target.truncate(base)
         started = time.perf_counter()
         drafter.propose(prompt, max_k)
         chains.append(time.perf_counter() - started)
     return {
         "step_s": statistics.median(step[1:]),
-        "pass_s": statistics.median(passes[1:]),
+        "pass_s": {n: statistics.median(times[1:]) for n, times in passes.items()},
         "chain_s": statistics.median(chains[1:]),
     }
+
+
+def speedups_by_k(acceptance: list[float], timing: dict, max_k: int) -> list[float]:
+    """The paper's speedup for every fixed k = 1..max_k: tokens a round over k c + v(k+1),
+    with per-position acceptance, c per draft and each pass size measured. On a runtime
+    whose pass cost grows steeply with its rows (int4) the best k is short, so a prediction
+    at max_k alone would undersell a drafter that k = auto runs shorter."""
+    c = timing["chain_s"] / max_k / timing["step_s"]
+    return [
+        expected_tokens_per_round_by_position(acceptance[:k], k)
+        / (k * c + timing["pass_s"][k + 1] / timing["step_s"])
+        for k in range(1, max_k + 1)
+    ]
 
 
 def summarize(agree: Agreement, timing: dict, max_k: int) -> dict:
     acceptance = agree.acceptance
     c = timing["chain_s"] / max_k / timing["step_s"]
-    v = timing["pass_s"] / timing["step_s"]
+    v = timing["pass_s"][max_k + 1] / timing["step_s"]
     tokens = expected_tokens_per_round_by_position(acceptance, max_k)
+    by_k = speedups_by_k(acceptance, timing, max_k)
+    best = max(range(max_k), key=lambda i: by_k[i])
     return {
         "k": max_k,
         "acceptance_by_position": [round(a, 3) for a in acceptance],
@@ -132,7 +149,10 @@ def summarize(agree: Agreement, timing: dict, max_k: int) -> dict:
         "expected_tokens_per_round": round(tokens, 3),
         "c_per_draft": round(c, 4),
         "v": round(v, 3),
-        "predicted_speedup": round(tokens / (max_k * c + v), 3),
+        "v_by_size": {n: round(t / timing["step_s"], 3) for n, t in timing["pass_s"].items()},
+        "predicted_speedup_by_k": [round(x, 3) for x in by_k],
+        "best_k": best + 1,
+        "predicted_speedup": round(by_k[best], 3),  # at the best k: what --drafter auto compares
         "step_ms": round(1000 * timing["step_s"], 2),
         "chain_ms": round(1000 * timing["chain_s"], 2),
     }
@@ -195,7 +215,12 @@ def run_command(
                 key: value
                 for key, value in summarize(part, timing, max_k).items()
                 if key
-                in ("acceptance_by_position", "expected_tokens_per_round", "predicted_speedup")
+                in (
+                    "acceptance_by_position",
+                    "expected_tokens_per_round",
+                    "best_k",
+                    "predicted_speedup",
+                )
             }
             | {"held_out_chunks": held.sources.count(source)}
             for source, part in by_source.items()
