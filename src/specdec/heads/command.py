@@ -62,7 +62,8 @@ def add_parser(commands, parser_class) -> None:
         action="store_true",
         help="instead of a corpus: the target answers the built-in prompts (about 1,200 "
         "requests of common kinds over everyday, science, writing and programming topics; "
-        "none on the chat benchmark's topics), collected like --chat-prompts",
+        "none on the chat benchmark's topics), collected like --chat-prompts (measured: "
+        "20 minutes wrote 654 replies, 106k tokens of data, with the int4 1.5B on 2 cores)",
     )
     data.add_argument(
         "--batch",
