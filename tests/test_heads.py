@@ -400,8 +400,8 @@ def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, train
     store.save_eval(entry, "model", {"predicted_speedup": 1.5})
     recipe, why = auto_recipe(target, str(tmp_path), "tiny")
     assert recipe == "model" and "(int8 target): eagle 1.20x, model 1.50x" in why
-    store.save_eval(entry, "eagle" + store.eval_suffix("int4"), {"predicted_speedup": 1.4})
-    store.save_eval(entry, "model" + store.eval_suffix("int4"), {"predicted_speedup": 1.1})
+    store.save_eval(entry, "eagle", {"predicted_speedup": 1.4}, "int4")
+    store.save_eval(entry, "model", {"predicted_speedup": 1.1}, "int4")
     recipe, why = auto_recipe(target, str(tmp_path), "tiny")
     assert recipe == "eagle" and "(int4 target): eagle 1.40x, model 1.10x" in why
     listing = "\n".join(store.list_entries(str(tmp_path)))

@@ -227,7 +227,7 @@ def run_command(
         }
     result["target_runtime"] = args.dtype
     result["drafter"] = label if args.kind != "model" else f"{label} ({args.draft}, {runtime})"
-    store.save_eval(entry, label + store.eval_suffix(args.dtype), result)
+    store.save_eval(entry, label, result, args.dtype)
     json.dump(result, sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0

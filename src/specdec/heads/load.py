@@ -121,18 +121,16 @@ def auto_recipe(target, cache_dir: str | None = None, target_name: str = "target
     return best, f"predicted by 'specdec heads eval' on this machine ({runtime} target): {listed}"
 
 
-def _predicted(evals: dict[str, dict], runtime: str, entry) -> dict[str, float]:
-    """Predicted speedups by drafter kind of the evaluations made with a ``runtime`` target
-    (recorded as ``kind`` for int8, ``kind@runtime`` otherwise) of drafters still there."""
-    suffix = store.eval_suffix(runtime)
-    found = {}
-    for label, result in evals.items():
-        kind, _, on = label.partition("@")
-        if (f"@{on}" if on else "") != suffix or "predicted_speedup" not in result:
-            continue
-        if kind == "model" or (entry / kind).is_dir():
-            found[kind] = float(result["predicted_speedup"])
-    return found
+def _predicted(evals: dict[tuple[str, str], dict], runtime: str, entry) -> dict[str, float]:
+    """Predicted speedups by drafter kind of the evaluations made with a ``runtime`` target,
+    of drafters still there."""
+    return {
+        kind: float(result["predicted_speedup"])
+        for (kind, evaluated_on), result in evals.items()
+        if evaluated_on == runtime
+        and "predicted_speedup" in result
+        and (kind == "model" or (entry / kind).is_dir())
+    }
 
 
 def target_runtime(model: nn.Module) -> str:

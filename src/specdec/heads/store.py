@@ -73,28 +73,25 @@ def load(entry: Path, kind: str, fingerprint: str) -> tuple[dict, dict[str, torc
     return config, state
 
 
-def eval_suffix(runtime: str) -> str:
-    """How an evaluation's name says the target runtime it was made with: nothing for int8
-    (the first runtime heads were evaluated with), ``@int4`` etc. otherwise."""
-    return "" if runtime == "int8" else f"@{runtime}"
-
-
-def save_eval(entry: Path, kind: str, result: dict) -> None:
-    """Record ``specdec heads eval``'s result for a drafter kind (medusa, eagle, model; with
-    ``eval_suffix`` for a target runtime other than int8)."""
+def save_eval(entry: Path, kind: str, result: dict, runtime: str = "int8") -> None:
+    """Record ``specdec heads eval``'s result for a drafter kind (medusa, eagle, model) made
+    with a ``runtime`` target: ``eval/KIND.json`` for int8 (the first runtime heads were
+    evaluated with), ``eval/KIND@RUNTIME.json`` otherwise."""
     directory = entry / "eval"
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f"{kind}.json.tmp"
+    name = kind if runtime == "int8" else f"{kind}@{runtime}"
+    tmp = directory / f"{name}.json.tmp"
     tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, directory / f"{kind}.json")
+    os.replace(tmp, directory / f"{name}.json")
 
 
-def read_evals(entry: Path) -> dict[str, dict]:
-    """Every recorded evaluation of the entry, by drafter kind."""
+def read_evals(entry: Path) -> dict[tuple[str, str], dict]:
+    """Every recorded evaluation of the entry, by (drafter kind, target runtime)."""
     results = {}
     for path in sorted((entry / "eval").glob("*.json")) if (entry / "eval").is_dir() else []:
+        kind, _, runtime = path.stem.partition("@")
         try:
-            results[path.stem] = json.loads(path.read_text())
+            results[kind, runtime or "int8"] = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
     return results
@@ -105,6 +102,7 @@ def list_entries(cache_dir: str | None) -> list[str]:
     root = cache_root(cache_dir) / "heads"
     rows = []
     for entry in sorted(root.iterdir()) if root.is_dir() else []:
+        evals = read_evals(entry)
         for kind in ("medusa", "eagle"):
             directory = entry / kind
             marker = read_marker(directory, MARKER, {"format": FORMAT, "kind": kind})
@@ -115,18 +113,14 @@ def list_entries(cache_dir: str | None) -> list[str]:
             except (OSError, ValueError):
                 continue
             trained = config.get("training", {})
-            evaluations = {
-                label.partition("@")[2] or "int8": result
-                for label, result in read_evals(entry).items()
-                if label.partition("@")[0] == kind
-            }
             rows.append(
                 f"{entry.name}: {kind}, {config.get('vocab_count')} tokens scored, "
                 f"{trained.get('tokens_seen', '?')} tokens seen in "
                 f"{trained.get('minutes', 0):.1f} min"
                 + "".join(
                     _eval_summary(result, runtime)
-                    for runtime, result in sorted(evaluations.items())
+                    for (evaluated, runtime), result in sorted(evals.items())
+                    if evaluated == kind
                 )
             )
     return rows
