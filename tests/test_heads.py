@@ -406,6 +406,10 @@ def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, train
     assert recipe == "eagle" and "(int4 target): eagle 1.40x, model 1.10x" in why
     listing = "\n".join(store.list_entries(str(tmp_path)))
     assert "int4 target" in listing and "int8 target" in listing
+    # Heads trained again: their old evaluations (every runtime) no longer count.
+    store.save(entry, "eagle", heads.config.to_dict() | {"fingerprint": fingerprint}, {})
+    assert sorted(store.read_evals(entry)) == [("model", "int4"), ("model", "int8")]
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "model"
 
 
 # ---- chat-like data: the target's own replies --------------------------------------------

@@ -46,6 +46,10 @@ def save(entry: Path, kind: str, config: dict, state: dict[str, torch.Tensor]) -
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+    # Evaluations of the heads just replaced describe heads that no longer exist.
+    for path in (entry / "eval").glob("*.json") if (entry / "eval").is_dir() else []:
+        if path.stem.partition("@")[0] == kind:
+            path.unlink(missing_ok=True)
     return final
 
 
