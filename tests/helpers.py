@@ -43,7 +43,9 @@ def assert_same_distribution(counts: np.ndarray, expected_probs: np.ndarray) -> 
     return p_value
 
 
-def tiny_heads(model, kind: str, steps: int = 240, vocab_count: int = 24, seed: int = 0):
+def tiny_heads(
+    model, kind: str, steps: int = 240, vocab_count: int = 24, seed: int = 0, precision="auto"
+):
     """Heads of ``kind`` trained for ``steps`` steps (seconds) on the tiny ``model``'s own
     samples. Returns (heads, training record)."""
     import torch
@@ -90,6 +92,7 @@ def tiny_heads(model, kind: str, steps: int = 240, vocab_count: int = 24, seed: 
         batch_chunks=4,
         learning_rate=3e-3,
         max_steps=steps,
+        precision=precision,
     )
     output = TrimmedHead(model.get_output_embeddings(), config.token_ids, config.vocab_size)
     return Heads(config, net, output), record

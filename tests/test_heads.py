@@ -16,6 +16,7 @@ from specdec.cli import main
 from specdec.heads import store
 from specdec.heads.fingerprint import target_fingerprint
 from specdec.heads.load import load_heads
+from specdec.heads.train import bf16_native, training_precision
 from specdec.sampling import Sampler
 
 KINDS = ("medusa", "eagle")
@@ -164,6 +165,23 @@ def test_training_lowers_the_loss(trained, kind):
     _, record = trained[kind]
     losses = record["losses"]
     assert len(losses) >= 3 and losses[-1] < 0.8 * losses[0]
+
+
+def test_training_precision_is_as_asked_and_recorded(target_model):
+    """--precision float32 is what CPUs without native bfloat16 train in; asked for on this
+    one, the products change (the losses differ from bfloat16's) and the record says so."""
+    runs = {
+        precision: tiny_heads(target_model, "medusa", steps=40, precision=precision)[1]
+        for precision in ("float32", "bfloat16")
+    }
+    assert {precision: run["precision"] for precision, run in runs.items()} == {
+        "float32": "float32",
+        "bfloat16": "bfloat16",
+    }
+    assert runs["float32"]["losses"] != runs["bfloat16"]["losses"]
+    assert training_precision("auto") == ("bfloat16" if bf16_native() else "float32")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        training_precision("float16")
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from specdec.heads.nets import KINDS
+from specdec.heads.train import PRECISIONS
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.runtime import runtime_value
 
@@ -117,6 +118,13 @@ def add_parser(commands, parser_class) -> None:
         default=0.1,
         help="EAGLE: weight of the distillation loss next to the feature regression "
         "(default: 0.1, EAGLE-1's)",
+    )
+    train.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="auto",
+        help="matrix products in training: bfloat16 where the CPU multiplies it natively "
+        "(AVX-512 BF16, AMX), else float32 (default: auto)",
     )
     train.add_argument("--restart", action="store_true", help="discard a checkpoint, start over")
     _common(train)

@@ -11,7 +11,8 @@ teacher, so no labelled data set is needed.
 
 The budget is wall-clock minutes; a checkpoint is written every minute and at the end, and
 a rerun continues from it (same data, same kind). Matrix products run in bfloat16 where the
-CPU has native bfloat16 arithmetic (about 4x float32 on AVX-512 BF16), else float32.
+CPU has native bfloat16 arithmetic (about 4x float32 on AVX-512 BF16), else float32
+(``--precision`` overrides; the record says which ran).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ SPECIAL_SLACK = 64  # room for special tokens beyond --vocab-size
 DISTILL_WEIGHT = 0.1  # EAGLE: weight of the distillation term next to the regression
 
 
+PRECISIONS = ("auto", "bfloat16", "float32")
+
+
 def bf16_native() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX)."""
     try:
@@ -45,6 +49,16 @@ def bf16_native() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def training_precision(asked: str = "auto") -> str:
+    """The precision of training's matrix products: ``asked``, or for ``auto`` bfloat16
+    where the CPU multiplies it natively, else float32."""
+    if asked not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {asked!r}")
+    if asked == "auto":
+        return "bfloat16" if bf16_native() else "float32"
+    return asked
 
 
 def trimmed_vocabulary(
@@ -117,10 +131,12 @@ def train(
     learning_rate: float | None = None,
     max_steps: int | None = None,
     distill_weight: float = DISTILL_WEIGHT,
+    precision: str = "auto",
 ) -> dict:
     """Train ``net`` in place for ``minutes`` (plus any time an earlier run spent, read from
     ``state``), or ``max_steps`` steps in all if that comes first; returns the training
-    record (steps, tokens seen, minutes, the mean loss of every 20 steps)."""
+    record (steps, tokens seen, minutes, the mean loss of every 20 steps, the precision of
+    the matrix products: that of the last run where a checkpoint was continued)."""
     lr = learning_rate or (1e-3 if config.kind == "medusa" else 5e-4)
     optimizer = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
     record: dict[str, Any] = {"steps": 0, "tokens_seen": 0, "minutes": 0.0, "losses": []}
@@ -131,7 +147,10 @@ def train(
     budget = 60.0 * minutes
     spent_before = 60.0 * record["minutes"]
     generator = torch.Generator().manual_seed(record["steps"])
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_native())
+    record["precision"] = training_precision(precision)
+    autocast = torch.autocast(
+        "cpu", dtype=torch.bfloat16, enabled=record["precision"] == "bfloat16"
+    )
     began = last_save = time.monotonic()
     chunks = train_set.tokens.shape[0]
     net.train()
@@ -254,6 +273,7 @@ def run_command(
         state,
         progress,
         distill_weight=args.distill_weight,
+        precision=args.precision,
     )
     trained = HeadsConfig.from_dict(
         config.to_dict()
@@ -269,8 +289,8 @@ def run_command(
     losses = record["losses"]
     sys.stderr.write(
         f"saved {directory}: {record['steps']} steps, {record['tokens_seen']} tokens seen, "
-        f"{record['minutes']:.1f} min; loss {losses[0] if losses else '?'} -> "
-        f"{losses[-1] if losses else '?'}\n"
+        f"{record['minutes']:.1f} min ({record['precision']}); loss "
+        f"{losses[0] if losses else '?'} -> {losses[-1] if losses else '?'}\n"
     )
     return 0
 
