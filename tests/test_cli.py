@@ -144,8 +144,10 @@ def test_show_drafts_colours(model_dirs, capsys):
         (["--max-tokens", "0"], "max_tokens"),
         (["--dtype", "float8"], "invalid choice"),
         (["--top-k", "-1"], "top_k"),
-        (["--drafter", "magic"], "use none or"),
+        (["--drafter", "magic"], "use none, a"),
         (["--drafter", "ngram"], "--ngram-model"),
+        (["--drafter", "model/lookup", "-k", "3"], "use -k auto"),
+        (["--drafter", "model/model"], "each choice once"),
         (["--target-runtime", "llamacpp:q9"], "unknown runtime"),
         (["--draft-runtime", "fp16"], "unknown runtime"),
     ],
@@ -221,7 +223,7 @@ def test_lookup_and_ngram_drafters_from_the_cli(model_dirs, tmp_path, capsys):
     )
     capsys.readouterr()
     plain = None
-    for drafter in ("none", "lookup", "ngram", "lookup+model", "lookup+ngram"):
+    for drafter in ("none", "lookup", "ngram", "lookup+model", "lookup+ngram", "model/ngram"):
         assert (
             main(
                 [

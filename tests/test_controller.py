@@ -8,8 +8,8 @@ import pytest
 
 from helpers import VOCAB, assert_same_distribution, backend, perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.controller import AdaptiveK
-from specdec.drafters import ModelDrafter
+from specdec.controller import AdaptiveK, DrafterChoice
+from specdec.drafters import ChoiceDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.theory import optimal_k
 
 
@@ -198,3 +198,108 @@ def test_a_slow_pass_does_not_stand_for_its_size_and_deeper_sizes_are_revisited(
         chosen.append(trained_controller.choose_k())
         trained_controller.rounds += 1
     assert chosen.count(best + 1) == 2 and chosen.count(best) == 2 * EXPLORE_EVERY - 2
+
+
+# ---- a choice of drafters ----------------------------------------------------------------
+
+
+def test_a_choice_measures_every_member_then_keeps_the_faster_and_explores():
+    choice = DrafterChoice(["slow", "fast"], max_k=4, warmup=2, explore_every=6)
+    chosen = []
+    for _ in range(24):
+        member = choice.choose()
+        assert choice.choose() == member, "the same member until the round is observed"
+        chosen.append(member)
+        draft_step = 0.3 if member == "slow" else 0.05  # equal acceptance, unequal cost
+        k = choice.controllers[member].choose_k()
+        choice.observe(member, k, max(k - 1, 0), None, draft_step * k, 1.0)
+    assert chosen[:4] == ["slow", "fast", "slow", "fast"]  # warm-up: each in turn
+    assert chosen[4:] == ["slow" if r % 6 == 5 else "fast" for r in range(4, 24)]
+    assert choice.expected_rate("fast") > choice.expected_rate("slow")
+    # The target's pass costs are one table for all members.
+    assert choice.controllers["slow"].pass_seconds is choice.controllers["fast"].pass_seconds
+
+
+def test_a_choice_follows_a_change_of_text():
+    """A member that falls behind (its drafts stop being accepted) loses the rounds."""
+    choice = DrafterChoice(["a", "b"], max_k=4, warmup=1, explore_every=4)
+    for _ in range(12):
+        member = choice.choose()
+        k = choice.controllers[member].choose_k()
+        choice.observe(member, k, k if member == "a" else 0, None, 0.05 * k, 1.0)
+    assert choice.choose() == "a"
+    for _ in range(16):
+        member = choice.choose()
+        k = choice.controllers[member].choose_k()
+        choice.observe(member, k, 0 if member == "a" else k, None, 0.05 * k, 1.0)
+    assert choice.choose() == "b"
+
+
+def test_a_choice_needs_two_distinct_members():
+    with pytest.raises(ValueError, match="two or more distinct"):
+        DrafterChoice(["model"])
+    with pytest.raises(ValueError, match="two or more distinct"):
+        DrafterChoice(["model", "model"])
+
+
+def choice_engine(target, members) -> Engine:
+    return Engine(backend(target), ChoiceDrafter(members))
+
+
+def test_a_choice_greedy_equals_plain_and_each_member_drafts(pair):
+    target, draft = pair
+    worse = perturbed_copy(target, noise=0.3, seed=12)
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    for prompt in ([1, 2, 3], [5, 9, 5, 9, 5, 9, 5], [(3 * i) % 29 + 1 for i in range(30)]):
+        expected = Engine(backend(target)).generate(prompt, params)
+        engine = choice_engine(
+            target,
+            {
+                "model": ModelDrafter(backend(draft)),
+                "worse": ModelDrafter(backend(worse)),
+                "lookup": PromptLookupDrafter(),
+            },
+        )
+        out = engine.generate(prompt, params, SpecConfig(k="auto", max_k=6))
+        assert out.token_ids == expected.token_ids
+        assert isinstance(engine.controller, DrafterChoice)
+        assert all(c.rounds >= 2 for c in engine.controller.controllers.values())
+
+
+def test_a_choice_needs_k_auto(pair):
+    target, draft = pair
+    engine = choice_engine(
+        target, {"model": ModelDrafter(backend(draft)), "lookup": PromptLookupDrafter()}
+    )
+    with pytest.raises(ValueError, match="use k=auto"):
+        engine.generate([1, 2, 3], SamplingParams(max_tokens=4), SpecConfig(k=3))
+
+
+@pytest.mark.parametrize("verification", ["rejection", "coupled"])
+def test_a_choice_samples_exactly(pair, verification):
+    """Rounds drafted by different members (each its own q; one a point mass) in one
+    request: every generated position still follows the target."""
+    from test_engine_statistical import marginals
+
+    target, draft = pair
+    worse = perturbed_copy(target, noise=0.3, seed=12)
+    prompt = [3, 1, 4, 1, 5]
+    params = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
+    engine = choice_engine(
+        target,
+        {
+            "model": ModelDrafter(backend(draft)),
+            "worse": ModelDrafter(backend(worse)),
+            "lookup": PromptLookupDrafter(min_ngram=1),
+        },
+    )
+    counts = np.zeros((3, VOCAB))
+    spec = SpecConfig(k="auto", max_k=4, verification=verification)
+    for seed in range(1500):
+        out = engine.generate(prompt, replace(params, seed=seed), spec)
+        for position, token_id in enumerate(out.token_ids):
+            counts[position, token_id] += 1
+    assert isinstance(engine.controller, DrafterChoice)
+    assert all(c.rounds >= 20 for c in engine.controller.controllers.values())
+    for position, expected in enumerate(marginals(target, prompt, params)):
+        assert_same_distribution(counts[position], expected)

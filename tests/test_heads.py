@@ -351,8 +351,23 @@ def test_server_drafts_with_heads_per_request(target_model, tokenizer, trained):
             assert status == 200, result
             assert result["choices"][0]["text"] == plain["choices"][0]["text"]
             assert result["spec_stats"]["drafted_tokens"] > 0
+        # A choice (k auto), twice: one controller for the recipe learns over both requests,
+        # each member drafting (adaptive k may stop drafting on so cheap a target later).
+        choice = body | {"drafter": "medusa/eagle", "num_speculative_tokens": "auto"}
+        drafted = 0
+        for _ in range(2):
+            status, result = post(running, "/v1/completions", choice)
+            assert status == 200, result
+            assert result["choices"][0]["text"] == plain["choices"][0]["text"]
+            drafted += result["spec_stats"]["drafted_tokens"]
+        assert drafted > 0
+        members = running.scheduler.controllers["medusa/eagle@8"].controllers
+        assert all(c.rounds >= 2 for c in members.values())
         status, error = post(running, "/v1/completions", body | {"drafter": "model"})
         assert status == 400 and "eagle" in error["error"]["message"]
+        fixed = body | {"drafter": "medusa/eagle", "num_speculative_tokens": 3}
+        status, error = post(running, "/v1/completions", fixed)
+        assert status == 400 and "must be 'auto'" in error["error"]["message"]
     finally:
         running.close()
 

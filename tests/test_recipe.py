@@ -2,11 +2,12 @@
 
 import pytest
 
-from specdec.drafters import FallbackDrafter, PromptLookupDrafter
+from specdec.drafters import ChoiceDrafter, FallbackDrafter, PromptLookupDrafter
 from specdec.drafters.recipe import (
     available_recipes,
     build_drafter,
     describe_recipe,
+    parse_choice,
     parse_recipe,
 )
 
@@ -36,3 +37,32 @@ def test_build_uses_the_factories_it_is_given():
 
 def test_available_recipes():
     assert available_recipes(["lookup", "model"]) == ["none", "lookup", "model", "lookup+model"]
+    assert available_recipes(["lookup", "model", "eagle"]) == [
+        "none",
+        "lookup",
+        "model",
+        "eagle",
+        "lookup+model",
+        "lookup+eagle",
+        "model/eagle",
+        "lookup+model/lookup+eagle",
+    ]
+
+
+def test_a_choice_of_chains():
+    assert parse_choice("model/lookup+eagle") == ["model", "lookup+eagle"]
+    assert parse_choice("lookup+model") == ["lookup+model"]
+    assert parse_recipe("lookup+model/lookup+eagle") == ["lookup", "model", "eagle"]
+    assert describe_recipe("model/lookup+eagle") == (
+        "draft model or prompt lookup else EAGLE head, whichever measures faster"
+    )
+    choice = build_drafter(
+        "lookup/ngram+lookup", {"lookup": PromptLookupDrafter, "ngram": PromptLookupDrafter}
+    )
+    assert isinstance(choice, ChoiceDrafter) and list(choice.members) == ["lookup", "ngram+lookup"]
+    assert isinstance(choice.members["ngram+lookup"], FallbackDrafter)
+    for bad in ("model/model", "model/", "model/oracle", "none/model"):
+        with pytest.raises(ValueError, match="drafter"):
+            parse_choice(bad)
+    with pytest.raises(ValueError, match="needs eagle, which is not available"):
+        build_drafter("lookup/eagle", {"lookup": PromptLookupDrafter})

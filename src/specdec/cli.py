@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
             "eagle",
             "lookup+medusa",
             "lookup+eagle",
+            "model/eagle",
+            "lookup+model/lookup+eagle",
             "auto",
             "none",
         ],
@@ -407,7 +409,9 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
         help="who drafts: model (the --draft model), lookup (copies from the prompt "
         "and output), ngram (an n-gram model, --ngram-model), medusa or eagle (heads "
         "trained for the target with 'specdec heads train'), a '+'-joined "
-        "fallback chain such as lookup+model, none (plain decoding), or auto: the "
+        "fallback chain such as lookup+model, a '/'-joined choice such as model/eagle "
+        "(each round the one measured faster here drafts; k auto), none (plain "
+        "decoding), or auto: the "
         "drafter 'specdec heads eval' predicts fastest on this machine, model when no "
         "heads are trained and evaluated. Default: auto",
     )
@@ -641,7 +645,8 @@ def _generate(args: argparse.Namespace) -> int:
         raise UsageError(
             "--drafter ngram needs --ngram-model FILE (make one with 'specdec ngram build')"
         )
-    engine = _build_engine(args, kinds)
+    check_choice_k(args.drafter, args.k)
+    engine = _build_engine(args, args.drafter)
     prompt_ids = encode_prompt(engine.target.tokenizer, args.prompt, args.template)
 
     if args.json:
@@ -668,6 +673,15 @@ def k_value(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
+
+
+def check_choice_k(recipe: str, k: int | str) -> None:
+    """A choice of drafters (``model/eagle``) is made from measured rounds: k auto only."""
+    if "/" in recipe and k not in ("auto", 0):
+        raise UsageError(
+            f"--drafter {recipe}: a choice of drafters is made from measured rounds, "
+            "as k is: use -k auto"
+        )
 
 
 def drafter_kinds(recipe: str) -> list[str]:
@@ -795,7 +809,7 @@ def draft_runtime(
     return runtime
 
 
-def _build_engine(args: argparse.Namespace, kinds: list[str]):
+def _build_engine(args: argparse.Namespace, recipe: str):
     from specdec.backends.compat import check_same_vocabulary
     from specdec.cli_output import progress_bar
     from specdec.drafters import (
@@ -818,14 +832,12 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
         target = runtime.load(args.target, args.cache_dir, progress)
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
-        if kinds == ["auto"]:
-            from specdec.drafters.recipe import parse_recipe
+        if recipe == "auto":
             from specdec.heads.load import NO_HEADS, auto_recipe
 
             recipe, why = auto_recipe(target, args.cache_dir, args.target)
             if why != NO_HEADS:  # the usual case for a new user says nothing
                 sys.stderr.write(f"specdec: drafter auto -> {recipe} ({why})\n")
-            kinds = parse_recipe(recipe)
 
         target_on = runtime.name
 
@@ -853,7 +865,7 @@ def _build_engine(args: argparse.Namespace, kinds: list[str]):
             "medusa": lambda: load_drafter("medusa", target, args.cache_dir, args.target),
             "eagle": lambda: load_drafter("eagle", target, args.cache_dir, args.target),
         }
-        drafter = build_drafter("+".join(kinds) if args.k != 0 and kinds else "none", factories)
+        drafter = build_drafter(recipe if args.k != 0 else "none", factories)
     return Engine(target, drafter)
 
 
@@ -955,6 +967,7 @@ def _server_config(args: argparse.Namespace, threads: int | None):
 
     if min(args.max_body_bytes, args.max_stop, args.max_stop_chars) < 1 or args.max_spec_tokens < 0:
         raise UsageError("request limits must be >= 1 (--max-spec-tokens >= 0)")
+    check_choice_k(args.drafter, args.k)
     limits = Limits(
         max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens,

@@ -59,17 +59,24 @@ class AdaptiveK:
 
     def choose_k(self) -> int:
         """The draft depth that maximises the expected token rate (at most ``max_k``)."""
-        if self.draft_step_seconds is None or not self.pass_seconds:
+        rates = self.rates()
+        if rates is None:
             return min(4, self.max_k)  # measure first
-        acceptance = self.position_rates()
-        rates = [
-            expected_tokens_per_round_by_position(acceptance, k) / self.round_seconds(k)
-            for k in range(self.max_k + 1)
-        ]
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))
         if 0 < best < self.max_k and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
             return best + 1
         return best
+
+    def rates(self) -> list[float] | None:
+        """The expected token rate (tokens/second) of a round drafting k = 0..max_k, from
+        what was measured; None before a draft step and a pass are."""
+        if self.draft_step_seconds is None or not self.pass_seconds:
+            return None
+        acceptance = self.position_rates()
+        return [
+            expected_tokens_per_round_by_position(acceptance, k) / self.round_seconds(k)
+            for k in range(self.max_k + 1)
+        ]
 
     def keep_going(self, confidences: list[float]) -> bool:
         """After drafting ``len(confidences)`` tokens: is one more worth it?"""
@@ -156,6 +163,72 @@ class AdaptiveK:
                 bucket = self.bucket_counts[_bucket(confidences[position])]
                 bucket[0] += accepted
                 bucket[1] += 1.0
+
+
+@dataclass
+class DrafterChoice:
+    """Which of several drafters drafts a round (``--drafter model/eagle``), chosen as k
+    is: from measured rounds. Each member keeps its own ``AdaptiveK`` (its acceptance, its
+    draft cost, its k); the target's pass costs are one table shared by all. A round goes
+    to the member whose best k promises the highest token rate; every member first drafts
+    ``warmup`` rounds in turn, and every ``explore_every``-th round goes to another member,
+    so that an estimate left behind by a change of text is measured again.
+
+    Why: which drafter is fastest depends on the text (on the 2-core EPYC, EAGLE heads ran
+    ahead of the 0.5B draft model on chat and level or behind on code), so no one choice
+    made before a request is right for all. A member that has not drafted for a while
+    catches up on the text in its next draft, and that draft's time counts against it: the
+    choice is sticky rather than flighty."""
+
+    members: list[str]
+    max_k: int = 8
+    warmup: int = 2
+    explore_every: int = 12
+    controllers: dict[str, AdaptiveK] = field(default_factory=dict)
+    rounds: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.members) < 2 or len(set(self.members)) != len(self.members):
+            raise ValueError(f"a choice needs two or more distinct drafters, got {self.members}")
+        passes: dict[int, float] = {}
+        history: dict[int, deque] = {}
+        self.controllers = self.controllers or {
+            name: AdaptiveK(max_k=self.max_k, pass_seconds=passes, pass_history=history)
+            for name in self.members
+        }
+
+    def choose(self) -> str:
+        """The member that drafts this round (the same until ``observe``)."""
+        count = len(self.members)
+        if self.rounds < self.warmup * count:
+            return self.members[self.rounds % count]
+        best = max(self.members, key=self.expected_rate)
+        if self.rounds % self.explore_every == self.explore_every - 1:
+            others = [name for name in self.members if name != best]
+            return others[(self.rounds // self.explore_every) % len(others)]
+        return best
+
+    def expected_rate(self, member: str) -> float:
+        """A member's expected token rate at its best k (0 before it is measured)."""
+        rates = self.controllers[member].rates()
+        return max(rates) if rates is not None else 0.0
+
+    def choose_k(self) -> int:
+        return self.controllers[self.choose()].choose_k()
+
+    def observe(
+        self,
+        member: str,
+        k: int,
+        num_accepted: int,
+        confidences: list[float] | None,
+        draft_seconds: float,
+        pass_seconds: float,
+    ) -> None:
+        """A round ``member`` drafted (named by the caller: with many requests sharing this
+        choice, another may have chosen since)."""
+        self.rounds += 1
+        self.controllers[member].observe(k, num_accepted, confidences, draft_seconds, pass_seconds)
 
 
 def _rate(counts: list[float], prior: float) -> float:

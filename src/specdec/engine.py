@@ -20,9 +20,10 @@ import torch
 
 from specdec.backends.base import Backend, sync_cache
 from specdec.config import SamplingParams, SpecConfig
-from specdec.controller import AdaptiveK, BatchDrafting
+from specdec.controller import AdaptiveK, BatchDrafting, DrafterChoice
 from specdec.detokenizer import Detokenizer
 from specdec.drafters.base import Drafter, Drafting, Proposal, drafting_of, drive
+from specdec.drafters.composite import ChoiceDrafter
 from specdec.metrics import SpecStats
 from specdec.sampling import Sampler, logits_to_probs
 from specdec.verify import VerifyResult, verify_coupled, verify_greedy, verify_stochastic
@@ -70,11 +71,11 @@ class Engine:
         self,
         target: Backend,
         drafter: Drafter | None = None,
-        controller: AdaptiveK | None = None,
+        controller: AdaptiveK | DrafterChoice | None = None,
     ):
-        """``controller``: the k policy of ``k="auto"`` requests. Pass one to share what it
-        learns (acceptance, costs) between engines, as the server does per drafter; else
-        the engine makes its own on the first adaptive request."""
+        """``controller``: the k policy of ``k="auto"`` requests (``new_controller``). Pass
+        one to share what it learns (acceptance, costs) between engines, as the server does
+        per drafter; else the engine makes its own on the first adaptive request."""
         if drafter is not None and drafter.vocab_size not in (None, target.vocab_size):
             raise ValueError(
                 f"draft vocabulary ({drafter.vocab_size} tokens) differs from the target's "
@@ -133,6 +134,23 @@ class Engine:
         return prompt
 
 
+def new_controller(drafter: Drafter | None, max_k: int) -> AdaptiveK | DrafterChoice:
+    """The k policy of adaptive requests with ``drafter``: an ``AdaptiveK``, or for a choice
+    of drafters a ``DrafterChoice`` (one ``AdaptiveK`` per member)."""
+    if isinstance(drafter, ChoiceDrafter):
+        return DrafterChoice(list(drafter.members), max_k=max_k)
+    return AdaptiveK(max_k=max_k)
+
+
+def _suits(controller, drafter: Drafter | None, max_k: int) -> bool:
+    """Whether a controller made before fits this request's drafter and max_k."""
+    if controller is None or controller.max_k != max_k:
+        return False
+    if isinstance(drafter, ChoiceDrafter):
+        return isinstance(controller, DrafterChoice) and controller.members == list(drafter.members)
+    return not isinstance(controller, DrafterChoice)  # an AdaptiveK, or one like it
+
+
 class Run:
     """The state of one request: its context, generator, stats and text."""
 
@@ -147,16 +165,23 @@ class Run:
         self.target = engine.target
         self.drafter = engine.drafter
         self.params = params
-        self.controller = None
+        self.controller: AdaptiveK | DrafterChoice | None = None
+        self.member: str | None = None  # a choice of drafters: this round's
+        self._round_controller: AdaptiveK | None = None  # this round's k policy
         if engine.drafter is None:
             self.k = 0
         elif spec.adaptive:
-            if engine.controller is None or engine.controller.max_k != spec.max_k:
-                engine.controller = AdaptiveK(max_k=spec.max_k)
+            if not _suits(engine.controller, engine.drafter, spec.max_k):
+                engine.controller = new_controller(engine.drafter, spec.max_k)
             self.controller = engine.controller
             self.k = spec.max_k
         else:
             assert isinstance(spec.k, int), "a fixed k is an int ('auto' is adaptive)"
+            if isinstance(engine.drafter, ChoiceDrafter) and spec.k != 0:
+                raise ValueError(
+                    f"drafter {engine.drafter.name}: a choice of drafters is made from "
+                    "measured rounds, as k is: use k=auto"
+                )
             self.k = spec.k
         self.sampler = Sampler(params, coupled=spec.coupled(params))
         self.detokenizer = detokenizer
@@ -223,10 +248,13 @@ class Run:
         self.stats.record_round(
             k, result.num_accepted, result.bonus, result.residual_fallback, proposal.drafter
         )
-        if self.controller is not None and observe:
-            self.controller.observe(
-                k, result.num_accepted, proposal.confidences, draft_seconds, pass_seconds
-            )
+        if observe and self.controller is not None:
+            measured = (k, result.num_accepted, proposal.confidences, draft_seconds, pass_seconds)
+            if isinstance(self.controller, DrafterChoice):
+                assert self.member is not None, "a round of a choice drafts with a member"
+                self.controller.observe(self.member, *measured)
+            else:
+                self.controller.observe(*measured)
         chunk = self._emit(result, proposal)
         self.stats.total_seconds = time.perf_counter() - self.started
         return chunk
@@ -249,14 +277,16 @@ class Run:
         if k <= 0:
             return Proposal([])
         assert self.drafter is not None, "k > 0 only with a drafter"
-        keep_going = self.controller.keep_going if self.controller is not None else None
+        controller = self._round_controller
+        keep_going = controller.keep_going if controller is not None else None
         proposal = yield from drafting_of(self.drafter, self.context, k, self.sampler, keep_going)
         assert len(proposal.token_ids) <= k, "drafter proposed more than k tokens"
         return proposal
 
     def _draft_k(self, max_k: int | None) -> int:
         remaining = self.params.max_tokens - len(self.generated)
-        k = self.controller.choose_k() if self.controller is not None else self.k
+        controller = self._round_controller = self._k_policy()
+        k = controller.choose_k() if controller is not None else self.k
         if max_k is not None:
             k = min(k, max_k)
         # A round emits up to k + 1 tokens; never draft past max_tokens or the context.
@@ -264,6 +294,16 @@ class Run:
         if self.target.max_length is not None:
             k = min(k, self.target.max_length - len(self.context) - 1)
         return k
+
+    def _k_policy(self) -> AdaptiveK | None:
+        """This round's k policy: the controller; for a choice of drafters, the chosen
+        member's own (the drafter is told which member drafts)."""
+        if not isinstance(self.controller, DrafterChoice):
+            return self.controller
+        assert isinstance(self.drafter, ChoiceDrafter), "a DrafterChoice goes with one"
+        self.member = self.controller.choose()
+        self.drafter.choose(self.member)
+        return self.controller.controllers[self.member]
 
     def _verify(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
         draft_ids = torch.tensor(proposal.token_ids, dtype=torch.long)

@@ -26,9 +26,14 @@ from specdec.bench.openvino import OWN_PLAIN as OPENVINO_OWN_PLAIN
 from specdec.bench.openvino import SYSTEMS as OPENVINO_SYSTEMS
 from specdec.bench.openvino import OpenVinoSystem
 from specdec.config import SamplingParams, SpecConfig
-from specdec.controller import AdaptiveK
+from specdec.controller import AdaptiveK, DrafterChoice
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
-from specdec.drafters.recipe import available_recipes, build_drafter, describe_recipe
+from specdec.drafters.recipe import (
+    available_recipes,
+    build_drafter,
+    describe_recipe,
+    is_choice,
+)
 from specdec.engine import Engine
 from specdec.runtime import TRANSFORMERS_DTYPES, parse_runtime
 
@@ -165,7 +170,7 @@ class SpecdecSystem:
     ):
         self.name, self.pool, self.runtime, self.make_drafter = name, pool, runtime, make_drafter
         self.spec = SpecConfig(k=k, verification=verification)
-        self.controller: AdaptiveK | None = None
+        self.controller: AdaptiveK | DrafterChoice | None = None
 
     @property
     def needs(self) -> set[tuple[str, str]]:
@@ -393,6 +398,8 @@ def make_system(
     if base in PEERS:
         return HFGenerateSystem(name, pool, runtime, **PEERS[base][1])
     drafter, _, k_text = base.rpartition("-")
+    if drafter in DRAFTER_NAMES and is_choice(drafter) and k_text != "auto":
+        raise ValueError(f"system {name!r}: a choice of drafters needs k auto ({drafter}-auto)")
     if drafter not in DRAFTER_NAMES or not (
         k_text == "auto" or (k_text[:1] == "k" and k_text[1:].isdigit())
     ):

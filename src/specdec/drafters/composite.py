@@ -1,4 +1,5 @@
-"""Drafters that fall back to one another: the first non-empty proposal wins.
+"""Drafters made of drafters: a fallback chain (the first non-empty proposal wins) and a
+choice (one member drafts each round, chosen from measured rounds).
 
 ``FallbackDrafter([PromptLookupDrafter(), ModelDrafter(small)])`` copies from the context
 when it can (free) and asks the small model otherwise. Each proposal names its drafter, so
@@ -7,7 +8,7 @@ the stats report rounds and acceptance per member.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from specdec.drafters.base import (
     Drafter,
@@ -49,3 +50,40 @@ class FallbackDrafter(StepwiseDrafter):
             if proposal.token_ids:
                 return proposal
         return proposal
+
+
+class ChoiceDrafter(StepwiseDrafter):
+    """One of several drafters (recipes: ``model/eagle``, ``lookup+eagle/model``) drafts
+    each round: the one ``chosen`` by the run's ``controller.DrafterChoice``, from measured
+    rounds. Every member fills its cache at ``prepare``; one that has not drafted for a
+    while catches up on the text in its next draft, as ``ModelDrafter`` always does."""
+
+    def __init__(self, members: Mapping[str, Drafter]):
+        if len(members) < 2:
+            raise ValueError("ChoiceDrafter needs two or more drafters")
+        sizes = {d.vocab_size for d in members.values() if d.vocab_size is not None}
+        if len(sizes) > 1:
+            raise ValueError(f"the drafters disagree on the vocabulary size: {sorted(sizes)}")
+        self.members = dict(members)
+        self.name = "/".join(self.members)
+        self.vocab_size = sizes.pop() if sizes else None
+        self.chosen = next(iter(self.members))
+
+    def choose(self, member: str) -> None:
+        if member not in self.members:
+            raise ValueError(f"{member!r} is not one of {self.name}")
+        self.chosen = member
+
+    def prepare(self, context: Sequence[int]) -> None:
+        for drafter in self.members.values():
+            drafter.prepare(context)
+
+    def drafting(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampler: Sampler | None = None,
+        keep_going: KeepGoing | None = None,
+    ) -> Drafting:
+        """The chosen member's ``drafting`` (see ``drafters.base.Drafting``)."""
+        return (yield from drafting_of(self.members[self.chosen], context, k, sampler, keep_going))

@@ -1,16 +1,19 @@
 """Drafter recipes, parsed and built in one place for the CLI, the server and the bench.
 
-A recipe is ``none`` or a '+'-joined fallback chain of drafter kinds: ``model``,
-``lookup+model``. ``build_drafter`` turns the kinds into drafters with the factories the
-caller has (a server without a draft model offers no ``model``).
+A recipe is ``none``, a '+'-joined fallback chain of drafter kinds (``model``,
+``lookup+model``), or a '/'-joined choice of chains (``model/eagle``,
+``lookup+model/lookup+eagle``): each round one chain drafts, chosen from measured rounds
+(``controller.DrafterChoice``; k=auto only). ``build_drafter`` turns the kinds into drafters
+with the factories the caller has (a server without a draft model offers no ``model``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from itertools import combinations
 
 from specdec.drafters.base import Drafter
-from specdec.drafters.composite import FallbackDrafter
+from specdec.drafters.composite import ChoiceDrafter, FallbackDrafter
 
 KINDS = {
     "model": "draft model",
@@ -22,41 +25,82 @@ KINDS = {
 
 
 def parse_recipe(recipe: str) -> list[str]:
-    """'lookup+model' -> ['lookup', 'model']; 'none' -> []."""
+    """The kinds a recipe uses, each once: 'lookup+model' -> ['lookup', 'model'];
+    'model/eagle' -> ['model', 'eagle']; 'none' -> []."""
+    kinds: list[str] = []
+    for chain in parse_choice(recipe):
+        kinds += [kind for kind in _parse_chain(chain) if kind not in kinds]
+    return kinds
+
+
+def parse_choice(recipe: str) -> list[str]:
+    """The chains a recipe chooses among: 'model/eagle' -> ['model', 'eagle']; a chain is
+    one ('lookup+model' -> ['lookup+model']); 'none' -> []."""
     if recipe == "none":
         return []
-    kinds = recipe.split("+")
+    chains = recipe.split("/")
+    for chain in chains:
+        _parse_chain(chain)
+    if len(set(chains)) != len(chains):
+        raise ValueError(f"drafter {recipe!r}: each choice once")
+    return chains
+
+
+def _parse_chain(chain: str) -> list[str]:
+    kinds = chain.split("+")
     if any(kind not in KINDS for kind in kinds) or len(set(kinds)) != len(kinds):
         raise ValueError(
-            f"drafter {recipe!r}: use none or a '+'-joined chain of {', '.join(KINDS)}"
+            f"drafter {chain!r}: use none, a '+'-joined chain of {', '.join(KINDS)} "
+            "(each kind once), or a '/'-joined choice of chains"
         )
     return kinds
 
 
+def is_choice(recipe: str) -> bool:
+    return len(parse_choice(recipe)) > 1
+
+
 def describe_recipe(recipe: str) -> str:
-    """'lookup+model' -> 'prompt lookup else draft model'."""
-    kinds = parse_recipe(recipe)
-    return " else ".join(KINDS[kind] for kind in kinds) if kinds else "no drafter"
+    """'lookup+model' -> 'prompt lookup else draft model'; 'model/eagle' -> 'draft model or
+    EAGLE head, whichever measures faster'."""
+    chains = parse_choice(recipe)
+    if not chains:
+        return "no drafter"
+    described = [" else ".join(KINDS[kind] for kind in _parse_chain(c)) for c in chains]
+    if len(described) == 1:
+        return described[0]
+    return " or ".join(described) + ", whichever measures faster"
 
 
 def build_drafter(recipe: str, factories: Mapping[str, Callable[[], Drafter]]) -> Drafter | None:
     """The drafter for ``recipe`` (None for ``none``); a kind without a factory is refused."""
-    kinds = parse_recipe(recipe)
-    missing = [kind for kind in kinds if kind not in factories]
+    chains = parse_choice(recipe)
+    missing = [kind for kind in parse_recipe(recipe) if kind not in factories]
     if missing:
         raise ValueError(
             f"drafter {recipe!r} needs {', '.join(missing)}, which is not available here"
         )
-    members = [factories[kind]() for kind in kinds]
-    if not members:
+    if not chains:
         return None
+    if len(chains) == 1:
+        return _build_chain(chains[0], factories)
+    return ChoiceDrafter({chain: _build_chain(chain, factories) for chain in chains})
+
+
+def _build_chain(chain: str, factories: Mapping[str, Callable[[], Drafter]]) -> Drafter:
+    members = [factories[kind]() for kind in _parse_chain(chain)]
     return members[0] if len(members) == 1 else FallbackDrafter(members)
 
 
 def available_recipes(kinds: list[str]) -> list[str]:
     """Every recipe buildable from ``kinds`` that the CLI and server offer: each kind alone,
-    and lookup in front of each other kind."""
+    lookup in front of each other kind, and a choice between any two drafting kinds (with
+    lookup in front of both, too)."""
     recipes = ["none", *kinds]
+    drafting = [kind for kind in kinds if kind != "lookup"]
     if "lookup" in kinds:
-        recipes += [f"lookup+{kind}" for kind in kinds if kind != "lookup"]
+        recipes += [f"lookup+{kind}" for kind in drafting]
+    recipes += [f"{a}/{b}" for a, b in combinations(drafting, 2)]
+    if "lookup" in kinds:
+        recipes += [f"lookup+{a}/lookup+{b}" for a, b in combinations(drafting, 2)]
     return recipes

@@ -145,12 +145,18 @@ def create_app(
             message = f"model {body.model!r} is not served here; use {model_name!r}"
             raise ApiError(400, message, "model", "model_not_found")
         kind = body.drafter or default_drafter
-        if kind not in scheduler.drafters:
+        if not scheduler.offers(kind):
             available = ", ".join(scheduler.drafters)
             raise ApiError(400, f"drafter {kind!r} is not available; use {available}", "drafter")
         k = body.num_speculative_tokens
         if isinstance(k, int) and k > limits.max_k:
             message = f"num_speculative_tokens must be <= {limits.max_k} (or 'auto'), got {k}"
+            raise ApiError(400, message, "num_speculative_tokens")
+        if "/" in kind and (default_k if k is None else k) not in ("auto", 0):
+            message = (
+                f"drafter {kind!r} is a choice made from measured rounds, as k is: "
+                "num_speculative_tokens must be 'auto'"
+            )
             raise ApiError(400, message, "num_speculative_tokens")
         stop = body.stop_strings()
         if len(stop) > limits.max_stop or any(len(s) > limits.max_stop_chars for s in stop):

@@ -31,10 +31,10 @@ from specdec.backends.batched import BatchedModel, supports
 from specdec.backends.hf import HFModel
 from specdec.backends.llamacpp import LlamaCppModel
 from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
-from specdec.controller import AdaptiveK, BatchDrafting
+from specdec.controller import AdaptiveK, BatchDrafting, DrafterChoice
 from specdec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from specdec.drafters.recipe import available_recipes, build_drafter
-from specdec.engine import Chunk, Engine, Run, step_together
+from specdec.drafters.recipe import available_recipes, build_drafter, parse_recipe
+from specdec.engine import Chunk, Engine, Run, new_controller, step_together
 
 END = None  # marks the end of a job's output queue
 
@@ -103,7 +103,7 @@ class Scheduler:
         self.on_queue_change = on_queue_change or (lambda waiting, active: None)
         self.on_batched_pass: Callable[[int], None] = lambda requests: None
         self.on_prefix_reused: Callable[[int], None] = lambda tokens: None
-        self.controllers: dict[str, AdaptiveK] = {}
+        self.controllers: dict[str, AdaptiveK | DrafterChoice] = {}
         self.batch_drafting = BatchDrafting()  # whether a batched step drafts, by batch size
         self._pending: collections.deque[Job] = collections.deque()
         self._active: list[_Active] = []
@@ -114,9 +114,19 @@ class Scheduler:
 
     @property
     def drafters(self) -> list[str]:
-        """The drafter recipes requests may ask for."""
+        """The drafter recipes requests may ask for (in any order of their members)."""
+        return available_recipes(self._kinds())
+
+    def offers(self, recipe: str) -> bool:
+        """Whether a request may ask for ``recipe``: a valid one of the kinds served here."""
+        try:
+            return set(parse_recipe(recipe)) <= set(self._kinds())
+        except ValueError:
+            return False
+
+    def _kinds(self) -> list[str]:
         model = ["model"] if self.draft_model is not None else []
-        return available_recipes(["lookup", *model, *sorted(self.heads)])
+        return ["lookup", *model, *sorted(self.heads)]
 
     @property
     def max_length(self) -> int | None:
@@ -182,16 +192,19 @@ class Scheduler:
             self.on_queue_change(len(self._pending), len(self._active))
 
     def _begin(self, job: Job) -> Run:
-        controller = None
-        if job.spec.adaptive:  # one controller per drafter recipe: what one request learns helps
-            key = f"{job.drafter}/{job.spec.max_k}"
-            controller = self.controllers.setdefault(key, AdaptiveK(max_k=job.spec.max_k))
         target = (
             self.batched.sequence()
             if self.batched is not None
             else new_sequence(self.target_model, self.tokenizer)
         )
-        engine = Engine(target, self._drafter(job.drafter, target), controller)
+        drafter = self._drafter(job.drafter, target)
+        controller = None
+        if job.spec.adaptive:  # one controller per drafter recipe: what one request learns helps
+            key = f"{job.drafter}@{job.spec.max_k}"
+            controller = self.controllers.get(key)
+            if controller is None:
+                controller = self.controllers[key] = new_controller(drafter, job.spec.max_k)
+        engine = Engine(target, drafter, controller)
         return engine.begin(job.prompt_ids, job.params, job.spec)
 
     def _drafter(self, recipe: str, target: Backend) -> Drafter | None:
