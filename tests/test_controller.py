@@ -213,7 +213,7 @@ def test_a_choice_measures_every_member_then_keeps_the_faster_and_explores():
         draft_step = 0.3 if member == "slow" else 0.05  # equal acceptance, unequal cost
         k = choice.controllers[member].choose_k()
         choice.observe(member, k, max(k - 1, 0), None, draft_step * k, 1.0)
-    assert chosen[:4] == ["slow", "fast", "slow", "fast"]  # warm-up: each in turn
+    assert chosen[:4] == ["slow", "slow", "fast", "fast"]  # warm-up: each in turn
     assert chosen[4:] == ["slow" if r % 6 == 5 else "fast" for r in range(4, 24)]
     assert choice.expected_rate("fast") > choice.expected_rate("slow")
     # The target's pass costs are one table for all members.
@@ -233,6 +233,19 @@ def test_a_choice_follows_a_change_of_text():
         k = choice.controllers[member].choose_k()
         choice.observe(member, k, 0 if member == "a" else k, None, 0.05 * k, 1.0)
     assert choice.choose() == "b"
+
+
+def test_a_switch_costs_nothing_as_a_draft_step():
+    """A member's first draft after another's caught up on the text: its time is left out
+    of the member's draft cost once there is one (the first one measured counts)."""
+    choice = DrafterChoice(["model", "eagle"], max_k=4)
+    model = choice.controllers["model"]
+    choice.observe("model", 4, 2, None, 4.0, 1.0, switched=True)  # no cost yet: counted
+    choice.observe("model", 4, 2, None, 0.4, 1.0)
+    assert model.draft_step_seconds == pytest.approx((1.0 + 0.1) / 2)
+    choice.observe("model", 4, 2, None, 40.0, 1.0, switched=True)  # a catch-up: left out
+    assert model.draft_step_seconds == pytest.approx((1.0 + 0.1) / 2)
+    assert model.rounds == 3 and choice.rounds == 3  # its acceptance still counts
 
 
 def test_a_choice_needs_two_distinct_members():

@@ -141,12 +141,13 @@ class AdaptiveK:
         k: int,
         num_accepted: int,
         confidences: list[float] | None,
-        draft_seconds: float,
+        draft_seconds: float | None,
         pass_seconds: float,
     ) -> None:
-        """Update from one round: what was drafted, what survived, what it cost."""
+        """Update from one round: what was drafted, what survived, what it cost
+        (``draft_seconds`` None: a draft whose time does not stand for a draft step)."""
         self.rounds += 1
-        if k > 0:
+        if k > 0 and draft_seconds is not None:
             self.draft_history.append(draft_seconds / k)
             self.draft_step_seconds = statistics.median(self.draft_history)
         history = self.pass_history.setdefault(k + 1, deque(maxlen=COST_WINDOW))
@@ -177,8 +178,10 @@ class DrafterChoice:
     Why: which drafter is fastest depends on the text (on the 2-core EPYC, EAGLE heads ran
     ahead of the 0.5B draft model on chat and level or behind on code), so no one choice
     made before a request is right for all. A member that has not drafted for a while
-    catches up on the text in its next draft, and that draft's time counts against it: the
-    choice is sticky rather than flighty."""
+    catches up on the text in its next draft (a draft model feeds the tokens accepted
+    since); that draft's time is a cost of switching, not of drafting, so it is left out of
+    the member's draft cost once the member has one. Warm-up gives each member ``warmup``
+    consecutive rounds for the same reason."""
 
     members: list[str]
     max_k: int = 8
@@ -201,7 +204,7 @@ class DrafterChoice:
         """The member that drafts this round (the same until ``observe``)."""
         count = len(self.members)
         if self.rounds < self.warmup * count:
-            return self.members[self.rounds % count]
+            return self.members[self.rounds // self.warmup]
         best = max(self.members, key=self.expected_rate)
         if self.rounds % self.explore_every == self.explore_every - 1:
             others = [name for name in self.members if name != best]
@@ -224,11 +227,17 @@ class DrafterChoice:
         confidences: list[float] | None,
         draft_seconds: float,
         pass_seconds: float,
+        switched: bool = False,
     ) -> None:
         """A round ``member`` drafted (named by the caller: with many requests sharing this
-        choice, another may have chosen since)."""
+        choice, another may have chosen since); ``switched``: the request's previous round
+        was another member's, so this draft caught up on the text first."""
         self.rounds += 1
-        self.controllers[member].observe(k, num_accepted, confidences, draft_seconds, pass_seconds)
+        controller = self.controllers[member]
+        known = switched and controller.draft_step_seconds is not None
+        controller.observe(
+            k, num_accepted, confidences, None if known else draft_seconds, pass_seconds
+        )
 
 
 def _rate(counts: list[float], prior: float) -> float:

@@ -167,6 +167,7 @@ class Run:
         self.params = params
         self.controller: AdaptiveK | DrafterChoice | None = None
         self.member: str | None = None  # a choice of drafters: this round's
+        self._drafted_by: str | None = None  # ... and the member of the last round that drafted
         self._round_controller: AdaptiveK | None = None  # this round's k policy
         if engine.drafter is None:
             self.k = 0
@@ -252,9 +253,12 @@ class Run:
             measured = (k, result.num_accepted, proposal.confidences, draft_seconds, pass_seconds)
             if isinstance(self.controller, DrafterChoice):
                 assert self.member is not None, "a round of a choice drafts with a member"
-                self.controller.observe(self.member, *measured)
+                switched = self._drafted_by not in (None, self.member)
+                self.controller.observe(self.member, *measured, switched=switched)
             else:
                 self.controller.observe(*measured)
+        if k > 0:
+            self._drafted_by = self.member
         chunk = self._emit(result, proposal)
         self.stats.total_seconds = time.perf_counter() - self.started
         return chunk
