@@ -404,13 +404,18 @@ def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     recipe, why = auto_recipe(target, str(tmp_path), "tiny")
     assert recipe == "model" and "0.90x" in why  # heads predicted slower than plain
     store.save_eval(entry, "model", {"predicted_speedup": 0.8})
-    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "eagle"
+    # Heads predicted fastest, the draft model evaluated too: both, chosen round by round;
+    # the heads alone where no choice can be made (a fixed k, no draft model).
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "model/eagle"
+    assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "eagle"
     store.save_eval(entry, "eagle", {"predicted_speedup": 2.1})
     store.save_eval(entry, "model", {"predicted_speedup": 1.6})
     recipe, why = auto_recipe(target, str(tmp_path), "tiny")
-    assert recipe == "eagle" and "eagle 2.10x, model 1.60x" in why
+    assert recipe == "model/eagle" and "eagle 2.10x, model 1.60x" in why
     store.save_eval(entry, "medusa", {"predicted_speedup": 3.0})  # evaluated, then deleted
-    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "eagle"
+    assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "eagle"
+    store.save_eval(entry, "model", {"predicted_speedup": 2.5})
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "model"
 
 
 def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, trained):
@@ -435,7 +440,7 @@ def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, train
     assert recipe == "model" and "(int8 target): eagle 1.20x, model 1.50x" in why
     store.save_eval(entry, "eagle", {"predicted_speedup": 1.4}, "int4")
     store.save_eval(entry, "model", {"predicted_speedup": 1.1}, "int4")
-    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny", can_choose=False)
     assert recipe == "eagle" and "(int4 target): eagle 1.40x, model 1.10x" in why
     listing = "\n".join(store.list_entries(str(tmp_path)))
     assert "int4 target" in listing and "int8 target" in listing

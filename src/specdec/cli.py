@@ -835,7 +835,9 @@ def _build_engine(args: argparse.Namespace, recipe: str):
         if recipe == "auto":
             from specdec.heads.load import NO_HEADS, auto_recipe
 
-            recipe, why = auto_recipe(target, args.cache_dir, args.target)
+            recipe, why = auto_recipe(
+                target, args.cache_dir, args.target, can_choose=args.k == "auto"
+            )
             if why != NO_HEADS:  # the usual case for a new user says nothing
                 sys.stderr.write(f"specdec: drafter auto -> {recipe} ({why})\n")
 

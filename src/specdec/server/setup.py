@@ -57,7 +57,8 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
     if default_drafter == "auto":
         from specdec.heads.load import auto_recipe
 
-        default_drafter, why = auto_recipe(target, config.cache_dir, config.target)
+        can_choose = config.draft is not None and config.k == "auto"
+        default_drafter, why = auto_recipe(target, config.cache_dir, config.target, can_choose)
         sys.stderr.write(f"specdec: drafter auto -> {default_drafter} ({why})\n")
     draft = None
     if config.draft is not None and "model" in default_drafter:
