@@ -124,14 +124,20 @@ def test_auto_k_sampling_is_exact(pair, verification):
     prompt = [3, 1, 4, 1, 5]
     params = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
     engine = Engine(backend(target), ModelDrafter(backend(draft)))
+    counts = sample_counts(engine, prompt, params, verification)
+    for position, expected in enumerate(marginals(target, prompt, params)):
+        assert_same_distribution(counts[position], expected)
+
+
+def sample_counts(engine: Engine, prompt, params: SamplingParams, verification: str):
+    """Counts of generated tokens 1..3 over 1500 seeded requests with k auto."""
     counts = np.zeros((3, VOCAB))
     spec = SpecConfig(k="auto", max_k=4, verification=verification)
     for seed in range(1500):
         out = engine.generate(prompt, replace(params, seed=seed), spec)
         for position, token_id in enumerate(out.token_ids):
             counts[position, token_id] += 1
-    for position, expected in enumerate(marginals(target, prompt, params)):
-        assert_same_distribution(counts[position], expected)
+    return counts
 
 
 @pytest.mark.parametrize("value", ["fast", -1, 2.5])
@@ -306,12 +312,7 @@ def test_a_choice_samples_exactly(pair, verification):
             "lookup": PromptLookupDrafter(min_ngram=1),
         },
     )
-    counts = np.zeros((3, VOCAB))
-    spec = SpecConfig(k="auto", max_k=4, verification=verification)
-    for seed in range(1500):
-        out = engine.generate(prompt, replace(params, seed=seed), spec)
-        for position, token_id in enumerate(out.token_ids):
-            counts[position, token_id] += 1
+    counts = sample_counts(engine, prompt, params, verification)
     assert isinstance(engine.controller, DrafterChoice)
     assert all(c.rounds >= 20 for c in engine.controller.controllers.values())
     for position, expected in enumerate(marginals(target, prompt, params)):

@@ -21,16 +21,22 @@ from specdec.drafters.base import (
 from specdec.sampling import Sampler
 
 
+def common_vocab_size(drafters: Sequence[Drafter]) -> int | None:
+    """The vocabulary size the members draft over (None: any, e.g. lookup alone); members
+    that disagree are refused."""
+    sizes = {d.vocab_size for d in drafters if d.vocab_size is not None}
+    if len(sizes) > 1:
+        raise ValueError(f"the drafters disagree on the vocabulary size: {sorted(sizes)}")
+    return sizes.pop() if sizes else None
+
+
 class FallbackDrafter(StepwiseDrafter):
     def __init__(self, drafters: Sequence[Drafter]):
         if not drafters:
             raise ValueError("FallbackDrafter needs at least one drafter")
-        sizes = {d.vocab_size for d in drafters if d.vocab_size is not None}
-        if len(sizes) > 1:
-            raise ValueError(f"the drafters disagree on the vocabulary size: {sorted(sizes)}")
         self.drafters = list(drafters)
         self.name = "+".join(d.name for d in drafters)
-        self.vocab_size = sizes.pop() if sizes else None
+        self.vocab_size = common_vocab_size(self.drafters)
 
     def prepare(self, context: Sequence[int]) -> None:
         for drafter in self.drafters:
@@ -61,12 +67,9 @@ class ChoiceDrafter(StepwiseDrafter):
     def __init__(self, members: Mapping[str, Drafter]):
         if len(members) < 2:
             raise ValueError("ChoiceDrafter needs two or more drafters")
-        sizes = {d.vocab_size for d in members.values() if d.vocab_size is not None}
-        if len(sizes) > 1:
-            raise ValueError(f"the drafters disagree on the vocabulary size: {sorted(sizes)}")
         self.members = dict(members)
         self.name = "/".join(self.members)
-        self.vocab_size = sizes.pop() if sizes else None
+        self.vocab_size = common_vocab_size(list(self.members.values()))
         self.chosen = next(iter(self.members))
 
     def choose(self, member: str) -> None:
