@@ -95,6 +95,15 @@ def test_system_names_parse_drafter_k_and_runtime():
     pool = ModelPool(None, lambda role, runtime, progress: None)
     assert make_system("model-k6", pool).spec.k == 6
     assert make_system("lookup+model-auto", pool).spec.k == "auto"
+    assert make_system("eagle/lookup+model-auto@int4", pool).needs == {
+        ("target", "int4"),
+        ("draft", "int4"),
+    }
+    assert describe("eagle/model-auto") == (
+        "specdec, EAGLE head or draft model, whichever measures faster, adaptive k [int8]"
+    )
+    with pytest.raises(ValueError, match="needs k auto"):
+        make_system("model/eagle-k4", pool)
     assert describe("lookup-k2") == "specdec, prompt lookup, k=2 [int8]"
     mixed = make_system("model-auto@int8/q4_0", pool)
     assert mixed.runtime == Runtime("int8", "q4_0") and mixed.needs == {

@@ -28,12 +28,7 @@ from specdec.bench.openvino import OpenVinoSystem
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK, DrafterChoice
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
-from specdec.drafters.recipe import (
-    available_recipes,
-    build_drafter,
-    describe_recipe,
-    is_choice,
-)
+from specdec.drafters.recipe import KINDS, build_drafter, describe_recipe, is_choice, parse_choice
 from specdec.engine import Engine
 from specdec.runtime import TRANSFORMERS_DTYPES, parse_runtime
 
@@ -328,8 +323,16 @@ PEERS: dict[str, tuple[str, dict[str, Any]]] = {
         {"prompt_lookup_num_tokens": 10},
     ),
 }
-DRAFTER_KINDS = ["lookup", "model", "ngram", "medusa", "eagle"]
-DRAFTER_NAMES = available_recipes(DRAFTER_KINDS)[1:]  # every recipe but none
+
+
+def is_recipe(name: str) -> bool:
+    """Whether ``name`` is a drafter recipe (as for ``--drafter``; ``none`` is ``plain``)."""
+    try:
+        return bool(parse_choice(name))
+    except ValueError:
+        return False
+
+
 DEFAULT_SYSTEMS = (
     "plain",
     "model-k4",
@@ -381,8 +384,8 @@ def make_system(
     verification: str = "auto",
 ):
     """``plain``, ``llamacpp``, a transformers peer, or ``DRAFTER-kN`` / ``DRAFTER-auto`` for
-    a drafter of DRAFTER_NAMES; each optionally ``@RUNTIME``. ``verification``: how specdec
-    systems verify sampled drafts (``SpecConfig.verification``)."""
+    a drafter recipe (``lookup+model``, ``model/eagle``); each optionally ``@RUNTIME``.
+    ``verification``: how specdec systems verify sampled drafts (``SpecConfig.verification``)."""
     base, runtime = split_name(name, default_runtime)
     if base == "plain":
         return SpecdecSystem(name, pool, runtime, lambda target: None, 0)
@@ -398,17 +401,18 @@ def make_system(
     if base in PEERS:
         return HFGenerateSystem(name, pool, runtime, **PEERS[base][1])
     drafter, _, k_text = base.rpartition("-")
-    if drafter in DRAFTER_NAMES and is_choice(drafter) and k_text != "auto":
+    if is_recipe(drafter) and is_choice(drafter) and k_text != "auto":
         raise ValueError(f"system {name!r}: a choice of drafters needs k auto ({drafter}-auto)")
-    if drafter not in DRAFTER_NAMES or not (
+    if not is_recipe(drafter) or not (
         k_text == "auto" or (k_text[:1] == "k" and k_text[1:].isdigit())
     ):
         raise ValueError(
             f"unknown system {name!r}; use plain, {', '.join(LLAMACPP_LOOPS)}, "
             f"{', '.join(OPENVINO_SYSTEMS)}, {', '.join(ONNX_SYSTEMS)}, "
             f"{', '.join(PEERS)}, or DRAFTER-kN / "
-            f"DRAFTER-auto with DRAFTER one of {', '.join(DRAFTER_NAMES)}; each may end "
-            "in @RUNTIME"
+            f"DRAFTER-auto with DRAFTER a recipe as for --drafter: {', '.join(KINDS)}, a "
+            "'+'-joined fallback chain (lookup+model) or a '/'-joined choice (model/eagle, k "
+            "auto only); each may end in @RUNTIME"
         )
     if "ngram" in drafter and ngram is None:
         raise ValueError(
