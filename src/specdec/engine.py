@@ -168,7 +168,6 @@ class Run:
         self.controller: AdaptiveK | DrafterChoice | None = None
         self.member: str | None = None  # a choice of drafters: this round's
         self._drafted_by: str | None = None  # ... and the member of the last round that drafted
-        self._round_controller: AdaptiveK | None = None  # this round's k policy
         if engine.drafter is None:
             self.k = 0
         elif spec.adaptive:
@@ -281,7 +280,7 @@ class Run:
         if k <= 0:
             return Proposal([])
         assert self.drafter is not None, "k > 0 only with a drafter"
-        controller = self._round_controller
+        controller = self._round_policy()
         keep_going = controller.keep_going if controller is not None else None
         proposal = yield from drafting_of(self.drafter, self.context, k, self.sampler, keep_going)
         assert len(proposal.token_ids) <= k, "drafter proposed more than k tokens"
@@ -289,7 +288,11 @@ class Run:
 
     def _draft_k(self, max_k: int | None) -> int:
         remaining = self.params.max_tokens - len(self.generated)
-        controller = self._round_controller = self._k_policy()
+        if isinstance(self.controller, DrafterChoice):
+            assert isinstance(self.drafter, ChoiceDrafter), "a DrafterChoice goes with one"
+            self.member = self.controller.choose()
+            self.drafter.choose(self.member)
+        controller = self._round_policy()
         k = controller.choose_k() if controller is not None else self.k
         if max_k is not None:
             k = min(k, max_k)
@@ -299,15 +302,13 @@ class Run:
             k = min(k, self.target.max_length - len(self.context) - 1)
         return k
 
-    def _k_policy(self) -> AdaptiveK | None:
-        """This round's k policy: the controller; for a choice of drafters, the chosen
-        member's own (the drafter is told which member drafts)."""
-        if not isinstance(self.controller, DrafterChoice):
-            return self.controller
-        assert isinstance(self.drafter, ChoiceDrafter), "a DrafterChoice goes with one"
-        self.member = self.controller.choose()
-        self.drafter.choose(self.member)
-        return self.controller.controllers[self.member]
+    def _round_policy(self) -> AdaptiveK | None:
+        """This round's k policy: the controller; for a choice of drafters, the member
+        chosen for the round (by ``_draft_k``) has its own."""
+        if isinstance(self.controller, DrafterChoice):
+            assert self.member is not None, "the round's member is chosen first"
+            return self.controller.controllers[self.member]
+        return self.controller
 
     def _verify(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
         draft_ids = torch.tensor(proposal.token_ids, dtype=torch.long)
