@@ -47,8 +47,8 @@ def save(entry: Path, kind: str, config: dict, state: dict[str, torch.Tensor]) -
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
     # Evaluations of the heads just replaced describe heads that no longer exist.
-    for path in (entry / "eval").glob("*.json") if (entry / "eval").is_dir() else []:
-        if path.stem.partition("@")[0] == kind:
+    for path, (evaluated, _) in _eval_files(entry):
+        if evaluated == kind:
             path.unlink(missing_ok=True)
     return final
 
@@ -92,13 +92,25 @@ def save_eval(entry: Path, kind: str, result: dict, runtime: str = "int8") -> No
 def read_evals(entry: Path) -> dict[tuple[str, str], dict]:
     """Every recorded evaluation of the entry, by (drafter kind, target runtime)."""
     results = {}
-    for path in sorted((entry / "eval").glob("*.json")) if (entry / "eval").is_dir() else []:
-        kind, _, runtime = path.stem.partition("@")
+    for path, key in _eval_files(entry):
         try:
-            results[kind, runtime or "int8"] = json.loads(path.read_text())
+            results[key] = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
     return results
+
+
+def _eval_files(entry: Path) -> list[tuple[Path, tuple[str, str]]]:
+    """The entry's evaluation files with their (drafter kind, target runtime), as
+    ``save_eval`` names them."""
+    directory = entry / "eval"
+    paths = sorted(directory.glob("*.json")) if directory.is_dir() else []
+    return [(path, _eval_key(path.stem)) for path in paths]
+
+
+def _eval_key(stem: str) -> tuple[str, str]:
+    kind, _, runtime = stem.partition("@")
+    return kind, runtime or "int8"
 
 
 def list_entries(cache_dir: str | None) -> list[str]:
