@@ -282,8 +282,10 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
     )
     assert "chunks of 32 tokens" in capsys.readouterr().err
     for kind in KINDS:
-        assert main(["heads", "train", "--kind", kind, "--minutes", "0.03", *common]) == 0
-        assert "saved" in capsys.readouterr().err
+        unroll = ["--unroll", "2"] if kind == "eagle" else []
+        assert main(["heads", "train", "--kind", kind, "--minutes", "0.03", *unroll, *common]) == 0
+        assert "saved" in (err := capsys.readouterr().err)
+        assert ("unroll 2" in err) == (kind == "eagle"), err
         assert main(["heads", "eval", "--kind", kind, "--max-k", "3", *common]) == 0
         result = json.loads(capsys.readouterr().out)
         assert len(result["acceptance_by_position"]) == 3 and result["c_per_draft"] > 0
@@ -313,6 +315,14 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
     ]
     assert main([*auto, "--draft-runtime", "transformers", *common]) == 0
     assert "drafter auto -> " in capsys.readouterr().err
+    # --unroll, with data at hand: Medusa refuses it, and it is bounded
+    for args, message in [
+        (["--kind", "medusa", "--unroll", "2"], "--unroll is for EAGLE"),
+        (["--kind", "eagle", "--unroll", "0"], "--unroll must be in 1..8"),
+    ]:
+        assert main(["heads", "train", *args, "--minutes", "0.03", *common]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
 
 
 def test_heads_cli_errors_are_one_line(tmp_path, model_dir, capsys, monkeypatch):
@@ -545,3 +555,42 @@ def test_chat_data_joins_the_corpus_data_in_one_directory(tmp_path, model_dir, c
     for j in range(2):
         reached = [part["acceptance_by_position"][j] for part in by_source.values()]
         assert min(reached) <= result["acceptance_by_position"][j] <= max(reached)
+
+
+def test_unrolled_training_steps_see_what_the_drafter_sees(target_model):
+    """EAGLE-3's training-time test rehearses drafting: chain i's step s in one batched pass
+    (``unrolled``, with its mask and positions) equals the drafter's way, a cache of the real
+    pairs 0 .. i then one pair per step fed on the previous prediction."""
+    from transformers import DynamicCache
+
+    from specdec.heads.nets import HeadsConfig, build
+    from specdec.heads.train import unrolled
+
+    config = HeadsConfig(
+        kind="eagle",
+        fingerprint="tiny",
+        hidden_size=target_model.config.hidden_size,
+        vocab_size=target_model.config.vocab_size,
+        token_ids=list(range(8)),
+        intermediate_size=64,
+        target_config=target_model.config.to_dict(),
+    )
+    torch.manual_seed(0)
+    net = build(config).eval()
+    embed = target_model.get_input_embeddings()
+    tokens = torch.randint(VOCAB, (1, 14))
+    with torch.no_grad():
+        features = torch.randn(1, 13, config.hidden_size)  # f_0 .. f_12
+        embeddings = embed(tokens[:, 1:])  # t_1 .. t_13
+        steps = unrolled(net, features, embeddings, unroll=3)
+        assert len(steps) == 3 and all(s.shape == features.shape for s in steps)
+        for i in (0, 4, 10):
+            cache = DynamicCache(config=net.body.config)
+            predicted = net(features[:, : i + 1], embeddings[:, : i + 1], cache)[:, -1:]
+            for step in range(1, 4):
+                if step > 1:
+                    t = embeddings[:, i + step - 1 : i + step]  # t_{i+step}
+                    predicted = net(predicted, t, cache)
+                torch.testing.assert_close(steps[step - 1][:, i : i + 1], predicted)
+        # one step unrolled is EAGLE-1's pass, without a cache
+        torch.testing.assert_close(unrolled(net, features, embeddings, 1)[0], steps[0])

@@ -126,6 +126,13 @@ def add_parser(commands, parser_class) -> None:
         help="matrix products in training: bfloat16 where the CPU multiplies it natively "
         "(AVX-512 BF16, AMX), else float32 (default: auto)",
     )
+    train.add_argument(
+        "--unroll",
+        type=int,
+        default=1,
+        help="EAGLE: drafting steps rehearsed per position, each on the layer's own previous "
+        "prediction (EAGLE-3's training-time test; default: 1, EAGLE-1's single step)",
+    )
     train.add_argument("--restart", action="store_true", help="discard a checkpoint, start over")
     _common(train)
 

@@ -84,9 +84,18 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * hidden, hidden)
         self.body = AutoModel.from_config(config)
 
-    def forward(self, features, embeddings, cache=None) -> torch.Tensor:
+    def forward(self, features, embeddings, cache=None, positions=None, mask=None) -> torch.Tensor:
+        """``positions``  # [1, pairs] and ``mask``  # [1, 1, pairs, keys] bool (True:
+        attend) default to the next positions of ``cache`` and a causal mask; training's
+        unrolled steps (train.eagle_loss) pass their own."""
         x = self.fc(torch.cat([embeddings, features], dim=-1))
-        out = self.body(inputs_embeds=x, cache=cache, use_cache=cache is not None)
+        out = self.body(
+            inputs_embeds=x,
+            cache=cache,
+            use_cache=cache is not None,
+            position_ids=positions,
+            attention_mask=mask,
+        )
         return out.last_hidden_state
 
 

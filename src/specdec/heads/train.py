@@ -37,6 +37,7 @@ CHECKPOINT_EVERY = 60.0  # seconds
 WARMUP_STEPS = 30
 SPECIAL_SLACK = 64  # room for special tokens beyond --vocab-size
 DISTILL_WEIGHT = 0.1  # EAGLE: weight of the distillation term next to the regression
+LATER_DISTILL_EVERY = 4  # EAGLE unrolled: distill steps 2+ on every 4th chain (cost)
 
 
 PRECISIONS = ("auto", "bfloat16", "float32")
@@ -99,6 +100,16 @@ def medusa_loss(
     return loss / sum(0.8**j for j in range(k))
 
 
+def unrolled_mask(pairs: int, step: int) -> torch.Tensor:
+    """The keys that the queries of unrolled step ``step`` (1-based) see  # [1, 1, pairs,
+    step * pairs] bool, True where seen. Keys lie as the real pairs, then each step's
+    pairs in turn; query i sees the real pairs 0 .. i (what the drafter's cache holds when
+    it drafts after pair i) and, of each step's block, only its own chain's pair i."""
+    causal = torch.ones(pairs, pairs, dtype=torch.bool).tril()
+    own = torch.eye(pairs, dtype=torch.bool)
+    return torch.cat([causal] + [own] * (step - 1), dim=1)[None, None]
+
+
 def eagle_loss(
     net,
     output: torch.Tensor,
@@ -106,15 +117,67 @@ def eagle_loss(
     features: torch.Tensor,
     embed: nn.Module,
     distill_weight: float = DISTILL_WEIGHT,
+    unroll: int = 1,
 ) -> torch.Tensor:
+    """EAGLE's loss on chunks  # tokens [batch, length], features [batch, length, hidden].
+
+    Step 1: pair i = (f_i + noise, t_{i+1}) predicts f_{i+1}. With ``unroll`` > 1 the
+    drafter's later steps are rehearsed as in EAGLE-3's training-time test: at step s,
+    chain i feeds its own step s - 1 prediction (of f_{i+s-1}) with the text's t_{i+s} at
+    position i + s - 1, attending to the real pairs 0 .. i and its own earlier steps
+    (``unrolled_mask``), and is scored on f_{i+s}; step s weighs 0.8^(s-1)."""
     inputs = features[:, :-1]
     noise = (torch.rand_like(inputs) - 0.5) * 0.2 * inputs.std()
     with torch.no_grad():
-        embeddings = embed(tokens[:, 1:]).to(features.dtype)
-        teacher = features[:, 1:] @ output.T
-    predicted = net(inputs + noise, embeddings)  # pair i predicts f_{i+1}
-    regression = nn.functional.smooth_l1_loss(predicted.float(), features[:, 1:].float())
-    return regression + distill_weight * distill_loss(predicted @ output.T, teacher)
+        embeddings = embed(tokens[:, 1:]).to(features.dtype)  # row j: t_{j+1}
+        teacher = features[:, 1:] @ output.T  # row j: the target's logits after f_{j+1}
+    loss = torch.zeros(())
+    weights = 0.0
+    for step, predicted in enumerate(unrolled(net, inputs + noise, embeddings, unroll), 1):
+        scored = predicted.shape[1] - step + 1  # chains whose f_{i+step} is in the chunk
+        if scored <= 0:
+            break
+        weight = 0.8 ** (step - 1)
+        loss = loss + weight * _feature_loss(
+            predicted[:, :scored],
+            features[:, step:],
+            teacher[:, step - 1 :],
+            output,
+            distill_weight,
+            every=1 if step == 1 else LATER_DISTILL_EVERY,
+        )
+        weights += weight
+    return loss / weights
+
+
+def unrolled(net, features, embeddings, unroll: int) -> list[torch.Tensor]:
+    """Every chain's prediction at each of ``unroll`` steps  # [batch, pairs, hidden] each:
+    pairs (features f_i, embeddings of t_{i+1}) at step 1, then each chain's own previous
+    prediction beside the next token's embedding (the last chains, past the chunk's end,
+    repeat its last token)."""
+    from transformers import DynamicCache
+
+    pairs = features.shape[1]
+    cache = DynamicCache(config=net.body.config) if unroll > 1 else None
+    predicted = net(features, embeddings, cache)
+    steps = [predicted]
+    for step in range(2, unroll + 1):
+        later = embeddings[:, min(step - 1, pairs - 1) :]
+        padded = torch.cat([later, later[:, -1:].expand(-1, pairs - later.shape[1], -1)], dim=1)
+        positions = torch.arange(pairs)[None] + step - 1
+        predicted = net(predicted, padded, cache, positions, unrolled_mask(pairs, step))
+        steps.append(predicted)
+    return steps
+
+
+def _feature_loss(
+    predicted, actual, teacher, output, distill_weight: float, every: int = 1
+) -> torch.Tensor:
+    """EAGLE-1's: smooth-L1 on the feature plus ``distill_weight`` x distillation, the
+    latter on every ``every``-th position only (the output layer is most of its cost)."""
+    regression = nn.functional.smooth_l1_loss(predicted.float(), actual.float())
+    student = predicted[:, ::every] @ output.T
+    return regression + distill_weight * distill_loss(student, teacher[:, ::every])
 
 
 def train(
@@ -132,6 +195,7 @@ def train(
     max_steps: int | None = None,
     distill_weight: float = DISTILL_WEIGHT,
     precision: str = "auto",
+    unroll: int = 1,
 ) -> dict:
     """Train ``net`` in place for ``minutes`` (plus any time an earlier run spent, read from
     ``state``), or ``max_steps`` steps in all if that comes first; returns the training
@@ -148,6 +212,8 @@ def train(
     spent_before = 60.0 * record["minutes"]
     generator = torch.Generator().manual_seed(record["steps"])
     record["precision"] = training_precision(precision)
+    if config.kind == "eagle":
+        record["unroll"] = unroll
     autocast = torch.autocast(
         "cpu", dtype=torch.bfloat16, enabled=record["precision"] == "bfloat16"
     )
@@ -173,7 +239,7 @@ def train(
                 loss = medusa_loss(net, output, tokens, features)
             else:
                 assert embed is not None, "EAGLE embeds tokens with the target's embedding"
-                loss = eagle_loss(net, output, tokens, features, embed, distill_weight)
+                loss = eagle_loss(net, output, tokens, features, embed, distill_weight, unroll)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -224,6 +290,10 @@ def run_command(
         raise ValueError(f"--vocab-size must be >= 16, got {args.vocab_size}")
     if not 1 <= args.num_heads <= 16:
         raise ValueError(f"--num-heads must be in 1..16, got {args.num_heads}")
+    if not 1 <= args.unroll <= 8:
+        raise ValueError(f"--unroll must be in 1..8, got {args.unroll}")
+    if args.unroll > 1 and args.kind != "eagle":
+        raise ValueError("--unroll is for EAGLE (Medusa's heads do not draft on their own output)")
     train_set, _, manifest = data.load(data_dir, fingerprint)
     if train_set.tokens.shape[1] < args.num_heads + 2:
         raise ValueError(f"{data_dir}: chunks too short to train heads")
@@ -274,6 +344,7 @@ def run_command(
         progress,
         distill_weight=args.distill_weight,
         precision=args.precision,
+        unroll=args.unroll,
     )
     trained = HeadsConfig.from_dict(
         config.to_dict()
@@ -289,7 +360,8 @@ def run_command(
     losses = record["losses"]
     sys.stderr.write(
         f"saved {directory}: {record['steps']} steps, {record['tokens_seen']} tokens seen, "
-        f"{record['minutes']:.1f} min ({record['precision']}); loss "
+        f"{record['minutes']:.1f} min ({record['precision']}"
+        f"{', unroll ' + str(args.unroll) if args.kind == 'eagle' else ''}); loss "
         f"{losses[0] if losses else '?'} -> {losses[-1] if losses else '?'}\n"
     )
     return 0
