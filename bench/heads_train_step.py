@@ -1,0 +1,101 @@
+"""One training step of the EAGLE head at the default target's sizes, timed.
+
+python bench/heads_train_step.py [--unroll 1,2,3] [--precision auto|bfloat16|float32]
+    [--steps 4] [--vocab-count 32832] [--chunks 2] [--length 512]
+
+Builds the head from the default target's config (random weights; a step's cost does not
+depend on them), a batch shaped like ``heads train``'s (``--chunks`` chunks of ``--length``
+tokens, random features) and the trimmed output layer's shape, then times whole steps (loss,
+backward, AdamW) for each ``--unroll``: the first step of each is a warm-up, the median of
+the rest is reported with the steps a minute it implies.
+
+To see what a CPU without AVX-512 would run, restrict this one's kernels before Python
+starts (an estimate: same clocks and caches, narrower vectors):
+ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+    python bench/heads_train_step.py --precision float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from specdec.doctor import cpu_name
+from specdec.heads.nets import HeadsConfig, build
+from specdec.heads.train import eagle_loss, training_precision
+from specdec.models import DEFAULT_TARGET, cache_root, ensure_converted, lookup
+
+ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--unroll", default="1,2,3", help="comma-separated (default 1,2,3)")
+    parser.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"))
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per unroll, +1 warm-up")
+    parser.add_argument("--vocab-count", type=int, default=32768 + 64)
+    parser.add_argument("--chunks", type=int, default=2)
+    parser.add_argument("--length", type=int, default=512)
+    args = parser.parse_args()
+
+    from transformers import AutoConfig
+
+    target_dir = ensure_converted(lookup(DEFAULT_TARGET), cache_root())
+    target_config = AutoConfig.from_pretrained(target_dir).to_dict()
+    hidden = target_config["hidden_size"]
+    config = HeadsConfig(
+        kind="eagle",
+        fingerprint="bench",
+        hidden_size=hidden,
+        vocab_size=target_config["vocab_size"],
+        token_ids=list(range(args.vocab_count)),
+        target_config=target_config,
+    )
+    precision = training_precision(args.precision)
+    torch.manual_seed(0)
+    net = build(config)
+    output = torch.randn(args.vocab_count, hidden) * 0.02
+    embed = torch.nn.Embedding(target_config["vocab_size"], hidden)
+    tokens = torch.randint(target_config["vocab_size"], (args.chunks, args.length))
+    features = torch.randn(args.chunks, args.length, hidden)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-5)
+    rows = []
+    for unroll in (int(u) for u in args.unroll.split(",")):
+        seconds = []
+        for _ in range(args.steps + 1):
+            started = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+                loss = eagle_loss(net, output, tokens, features, embed, unroll=unroll)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            seconds.append(time.perf_counter() - started)
+        median = statistics.median(seconds[1:])
+        rows.append(
+            {
+                "unroll": unroll,
+                "step_s": round(median, 3),
+                "steps_per_minute": round(60 / median, 1),
+                "all_s": [round(s, 3) for s in seconds],
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    summary = {
+        "cpu": cpu_name(),
+        "threads": torch.get_num_threads(),
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+        "isa_limits": {name: os.environ[name] for name in ISA_VARIABLES if name in os.environ},
+        "precision": precision,
+        "batch": f"{args.chunks} x {args.length} tokens, {args.vocab_count} output rows",
+        "rows": rows,
+    }
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
