@@ -87,7 +87,7 @@ class EagleHead(nn.Module):
     def forward(self, features, embeddings, cache=None, positions=None, mask=None) -> torch.Tensor:
         """``positions``  # [1, pairs] and ``mask``  # [1, 1, pairs, keys] bool (True:
         attend) default to the next positions of ``cache`` and a causal mask; training's
-        unrolled steps (train.eagle_loss) pass their own."""
+        unrolled steps (train.unrolled) pass their own."""
         x = self.fc(torch.cat([embeddings, features], dim=-1))
         out = self.body(
             inputs_embeds=x,
