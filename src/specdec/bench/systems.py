@@ -28,7 +28,7 @@ from specdec.bench.openvino import OpenVinoSystem
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK, DrafterChoice
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
-from specdec.drafters.recipe import KINDS, build_drafter, describe_recipe, is_choice, parse_choice
+from specdec.drafters.recipe import KINDS, build_drafter, describe_recipe, is_choice, is_recipe
 from specdec.engine import Engine
 from specdec.runtime import TRANSFORMERS_DTYPES, parse_runtime
 
@@ -325,14 +325,6 @@ PEERS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def is_recipe(name: str) -> bool:
-    """Whether ``name`` is a drafter recipe (as for ``--drafter``; ``none`` is ``plain``)."""
-    try:
-        return bool(parse_choice(name))
-    except ValueError:
-        return False
-
-
 DEFAULT_SYSTEMS = (
     "plain",
     "model-k4",
@@ -401,11 +393,10 @@ def make_system(
     if base in PEERS:
         return HFGenerateSystem(name, pool, runtime, **PEERS[base][1])
     drafter, _, k_text = base.rpartition("-")
-    if is_recipe(drafter) and is_choice(drafter) and k_text != "auto":
+    recipe = drafter != "none" and is_recipe(drafter)  # none is plain
+    if recipe and is_choice(drafter) and k_text != "auto":
         raise ValueError(f"system {name!r}: a choice of drafters needs k auto ({drafter}-auto)")
-    if not is_recipe(drafter) or not (
-        k_text == "auto" or (k_text[:1] == "k" and k_text[1:].isdigit())
-    ):
+    if not recipe or not (k_text == "auto" or (k_text[:1] == "k" and k_text[1:].isdigit())):
         raise ValueError(
             f"unknown system {name!r}; use plain, {', '.join(LLAMACPP_LOOPS)}, "
             f"{', '.join(OPENVINO_SYSTEMS)}, {', '.join(ONNX_SYSTEMS)}, "

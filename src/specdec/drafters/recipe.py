@@ -56,6 +56,15 @@ def _parse_chain(chain: str) -> list[str]:
     return kinds
 
 
+def is_recipe(recipe: str) -> bool:
+    """Whether ``recipe`` is a valid drafter recipe (as for ``--drafter``)."""
+    try:
+        parse_choice(recipe)
+    except ValueError:
+        return False
+    return True
+
+
 def is_choice(recipe: str) -> bool:
     return len(parse_choice(recipe)) > 1
 

@@ -33,7 +33,7 @@ from specdec.backends.llamacpp import LlamaCppModel
 from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
 from specdec.controller import AdaptiveK, BatchDrafting, DrafterChoice
 from specdec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from specdec.drafters.recipe import available_recipes, build_drafter, parse_recipe
+from specdec.drafters.recipe import available_recipes, build_drafter, is_recipe, parse_recipe
 from specdec.engine import Chunk, Engine, Run, new_controller, step_together
 
 END = None  # marks the end of a job's output queue
@@ -119,10 +119,7 @@ class Scheduler:
 
     def offers(self, recipe: str) -> bool:
         """Whether a request may ask for ``recipe``: a valid one of the kinds served here."""
-        try:
-            return set(parse_recipe(recipe)) <= set(self._kinds())
-        except ValueError:
-            return False
+        return is_recipe(recipe) and set(parse_recipe(recipe)) <= set(self._kinds())
 
     def _kinds(self) -> list[str]:
         model = ["model"] if self.draft_model is not None else []
