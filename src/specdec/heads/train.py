@@ -361,7 +361,7 @@ def run_command(
     sys.stderr.write(
         f"saved {directory}: {record['steps']} steps, {record['tokens_seen']} tokens seen, "
         f"{record['minutes']:.1f} min ({record['precision']}"
-        f"{', unroll ' + str(args.unroll) if args.kind == 'eagle' else ''}); loss "
+        f"{', unroll ' + str(record['unroll']) if 'unroll' in record else ''}); loss "
         f"{losses[0] if losses else '?'} -> {losses[-1] if losses else '?'}\n"
     )
     return 0
