@@ -326,6 +326,33 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
         assert message in err and err.count("\n") == 1, err
 
 
+def test_heads_dtype_defaults_to_the_runtime_generate_chooses(
+    tmp_path, model_dir, capsys, monkeypatch
+):
+    """Without --dtype the heads commands run the target on the runtime 'specdec generate'
+    picks for it here (target runtime auto), so the features are the ones drafting reads."""
+    import specdec.cli
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    asked = []
+
+    def chosen(choice, target, cache_dir=None, progress=None, dtype=None):
+        asked.append((choice, target, dtype))
+        return "bfloat16"
+
+    monkeypatch.setattr(specdec.cli, "target_runtime", chosen)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the cat sat on the mat.\n" * 40)
+    data = ["heads", "data", "--corpus", str(corpus), "--suffix", ".txt", "--length", "32"]
+    assert main([*data, "--target", str(model_dir)]) == 0
+    assert asked == [("auto", str(model_dir), None)]
+    assert "the target on bfloat16" in capsys.readouterr().err
+    assert main([*data, "--target", str(model_dir), "--dtype", "float32"]) == 0
+    assert len(asked) == 1  # a given --dtype is used as it is
+    assert "the target on float32" in capsys.readouterr().err
+
+
 def test_heads_cli_errors_are_one_line(tmp_path, model_dir, capsys, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     common = ["--target", str(model_dir), "--dtype", "float32"]

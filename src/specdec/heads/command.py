@@ -48,7 +48,9 @@ def add_parser(commands, parser_class) -> None:
         "--minutes",
         type=float,
         default=30.0,
-        help="time budget (default: 30 minutes: about 200k tokens for the 1.5B in int8 on 2 cores)",
+        help="time budget (default: 30 minutes; measured on 2 cores: the 1.5B on int4 ran "
+        "218k tokens of the standard library in 17 minutes, 2.3 s a 512-token chunk; 2.9 s on "
+        "int8)",
     )
     data.add_argument(
         "--chat-prompts",
@@ -186,10 +188,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dtype",
-        default="int8",
-        choices=["int8", "int4", "float32", "bfloat16"],
-        help="the target runtime the heads will draft for (default: int8; heads load for "
-        "either int runtime, the features differing only by rounding)",
+        default="auto",
+        choices=["auto", "int8", "int4", "float32", "bfloat16"],
+        help="the target runtime the heads will draft for (default: auto, the one 'specdec "
+        "generate' runs the target on here: int8 or int4, whichever verifies faster; heads "
+        "load for either int runtime, the features differing only by rounding)",
     )
     p.add_argument(
         "--data",
@@ -207,6 +210,10 @@ def run(args: argparse.Namespace) -> int:
     from specdec.loading import load_backend
 
     with progress_bar() as progress:
+        if args.dtype == "auto":
+            from specdec.cli import target_runtime
+
+            args.dtype = target_runtime("auto", args.target, args.cache_dir, progress)
         target = load_backend(args.target, args.dtype, args.cache_dir, progress)
         fingerprint = target_fingerprint(target.model)
         entry = store.entry_dir(args.cache_dir, fingerprint, args.target)
@@ -273,7 +280,7 @@ def _data(args, target, fingerprint, data_dir, progress) -> int:
     sys.stderr.write(
         f"{data_dir}: {chunks} chunks of {manifest['length']} tokens ({sources}; "
         f"{chunks * manifest['length']} tokens, {manifest['seconds'] / 60:.1f} min of target "
-        f"time in all); this run read {what}\n"
+        f"time in all); this run read {what}, the target on {args.dtype}\n"
     )
     return 0
 
