@@ -49,8 +49,8 @@ def add_parser(commands, parser_class) -> None:
         type=float,
         default=30.0,
         help="time budget (default: 30 minutes; measured on 2 cores: the 1.5B on int4 ran "
-        "218k tokens of the standard library in 17 minutes, 2.3 s a 512-token chunk; 2.9 s on "
-        "int8)",
+        "218k tokens of the standard library in 17 minutes; a 512-token chunk takes 2.1-2.4 s "
+        "on int4, 2.2-3.4 s on int8: bench/heads_data_chunk.py)",
     )
     data.add_argument(
         "--chat-prompts",
