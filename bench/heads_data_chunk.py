@@ -21,19 +21,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import time
 
 import torch
+from heads_train_step import machine  # bench/heads_train_step.py, beside this script
 
 from specdec.backends.int4 import RowInt4Linear
-from specdec.doctor import cpu_name
 from specdec.heads import data
 from specdec.loading import load_backend
 from specdec.models import DEFAULT_TARGET
 
-ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 INT4_PATHS = {"best": -1, "avx2": 1, "scalar": 0}
 RECIPE_CHUNKS = 426  # the code data of the measured 90-minute recipe
 
@@ -52,7 +50,7 @@ def main() -> None:
         target = load_backend(DEFAULT_TARGET, dtype)
         pinned = 0
         for module in target.model.modules():
-            if isinstance(module, RowInt4Linear):
+            if isinstance(module, RowInt4Linear) and args.int4_path != "best":
                 module.path = INT4_PATHS[args.int4_path]
                 pinned += 1
         target.keep_hidden_states()
@@ -77,10 +75,7 @@ def main() -> None:
         )
         print(json.dumps(rows[-1]), flush=True)
     summary = {
-        "cpu": cpu_name(),
-        "threads": torch.get_num_threads(),
-        "kernels": torch.backends.cpu.get_cpu_capability(),
-        "isa_limits": {name: os.environ[name] for name in ISA_VARIABLES if name in os.environ},
+        **machine(),
         "int4_path": args.int4_path,
         "chunk": f"{args.length} tokens of the standard library",
         "rows": rows,

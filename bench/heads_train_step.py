@@ -86,15 +86,22 @@ def main() -> None:
         )
         print(json.dumps(rows[-1]), flush=True)
     summary = {
-        "cpu": cpu_name(),
-        "threads": torch.get_num_threads(),
-        "kernels": torch.backends.cpu.get_cpu_capability(),
-        "isa_limits": {name: os.environ[name] for name in ISA_VARIABLES if name in os.environ},
+        **machine(),
         "precision": precision,
         "batch": f"{args.chunks} x {args.length} tokens, {args.vocab_count} output rows",
         "rows": rows,
     }
     print(json.dumps(summary, indent=1))
+
+
+def machine() -> dict:
+    """The CPU, threads and kernels a timing ran on, with any limit put on torch's ISA."""
+    return {
+        "cpu": cpu_name(),
+        "threads": torch.get_num_threads(),
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+        "isa_limits": {name: os.environ[name] for name in ISA_VARIABLES if name in os.environ},
+    }
 
 
 if __name__ == "__main__":
