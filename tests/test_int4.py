@@ -2,6 +2,7 @@
 at real layer sizes and any thread count, and speculation on it equals plain decoding."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -241,6 +242,26 @@ def test_a_failed_build_is_one_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(int4, "kernel_dir", lambda: tmp_path)
     with pytest.raises(int4.KernelUnavailable, match="g\\+\\+: not found.*--target-runtime int8"):
         int4._build()
+
+
+def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next(monkeypatch, tmp_path):
+    """torch's build lock is a plain file: a process killed while loading the kernel leaves
+    it, and torch would then wait for it forever. _build clears it under its own OS lock."""
+    from torch.utils import cpp_extension
+
+    seen = []
+
+    def load(**kwargs):
+        seen.append((Path(kwargs["build_directory"]) / "lock").exists())
+        return "kernel"
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setattr(int4, "kernel_dir", lambda: tmp_path)
+    leftover = tmp_path / int4.kernel_name() / "lock"
+    leftover.parent.mkdir(parents=True)
+    leftover.touch()
+    assert int4._build() == "kernel"
+    assert seen == [False]
 
 
 def test_the_cli_says_so_in_one_line(monkeypatch, tmp_path, capsys):

@@ -17,11 +17,13 @@ on the int8 runtime (fused projections, token-by-token norms and activations, ro
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -103,20 +105,41 @@ def _build(baseline: bool = False):
     directory = kernel_dir() / name
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        return cpp_extension.load(
-            name=name,
-            sources=[str(path) for path in SOURCES],
-            build_directory=str(directory),
-            extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"]
-            + (["-DSPECDEC_BASELINE_ONLY"] if baseline else []),
-            extra_ldflags=["-fopenmp"],
-            verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")),
-        )
+        with _only_builder(directory):
+            return cpp_extension.load(
+                name=name,
+                sources=[str(path) for path in SOURCES],
+                build_directory=str(directory),
+                extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"]
+                + (["-DSPECDEC_BASELINE_ONLY"] if baseline else []),
+                extra_ldflags=["-fopenmp"],
+                verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")),
+            )
     except (OSError, RuntimeError, ImportError) as error:
         raise KernelUnavailable(
             f"the int4 kernel did not build ({str(error).strip().splitlines()[-1]}); it needs a "
             "C++ compiler (g++) and ninja: use --target-runtime int8 instead"
         ) from error
+
+
+@contextlib.contextmanager
+def _only_builder(directory: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` while torch loads (and if need be compiles)
+    the kernel there. torch serializes builds with a plain file named ``lock`` that it
+    deletes when done; a process killed in between (even while only loading a built kernel,
+    which takes the same lock) leaves it behind, and every later load then waits for it
+    forever. The kernel lock here is an OS lock, released when its holder dies, so whoever
+    holds it knows no live process is inside a build of this directory and removes a
+    leftover ``lock``."""
+    import fcntl
+
+    with (directory / "specdec.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def best_path() -> int:
