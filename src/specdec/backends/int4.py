@@ -134,12 +134,9 @@ def _only_builder(directory: Path) -> Iterator[None]:
     import fcntl
 
     with (directory / "specdec.lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            (directory / "lock").unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes or its holder dies
+        (directory / "lock").unlink(missing_ok=True)
+        yield
 
 
 def best_path() -> int:
