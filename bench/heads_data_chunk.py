@@ -1,6 +1,6 @@
 """One chunk of ``specdec heads data``: the default target over 512 tokens in prefill, timed.
 
-python bench/heads_data_chunk.py [--dtype int4,int8] [--int4-path best|avx2|scalar]
+python bench/heads_data_chunk.py [--dtype int4,int8] [--int4-path best|avx512|avx2|scalar]
     [--chunks 5] [--length 512]
 
 Loads the default target on each runtime of ``--dtype`` (cached runtime forms, as ``heads
@@ -27,12 +27,12 @@ import time
 import torch
 from heads_train_step import machine  # bench/heads_train_step.py, beside this script
 
-from specdec.backends.int4 import RowInt4Linear
+from specdec.backends.int4 import PATH_BY_NAME, RowInt4Linear
 from specdec.heads import data
 from specdec.loading import load_backend
 from specdec.models import DEFAULT_TARGET
 
-INT4_PATHS = {"best": -1, "avx2": 1, "scalar": 0}
+INT4_PATHS = {"best": -1, **PATH_BY_NAME}
 RECIPE_CHUNKS = 426  # the code data of the measured 90-minute recipe
 
 

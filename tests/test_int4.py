@@ -131,6 +131,22 @@ def test_a_path_this_cpu_lacks_is_refused():
         layer(torch.randn(1, 32))
 
 
+def test_the_environment_pins_the_path_new_layers_run(monkeypatch):
+    """$SPECDEC_INT4_PATH runs a whole program on one code path (to measure what a CPU
+    without AVX-512 would do); unset, each layer takes the best; a wrong name is refused."""
+    linear = random_linear(48, 64, seed=8)
+    assert RowInt4Linear(linear).path == -1
+    monkeypatch.setenv("SPECDEC_INT4_PATH", "AVX2")
+    pinned = RowInt4Linear(linear)
+    assert pinned.path == 1 and RowInt4Linear.from_packed(pinned.packed, None).path == 1
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(9))
+    monkeypatch.setenv("SPECDEC_INT4_PATH", "scalar")
+    assert torch.equal(pinned(x), RowInt4Linear(linear)(x))
+    monkeypatch.setenv("SPECDEC_INT4_PATH", "sse")
+    with pytest.raises(ValueError, match="SPECDEC_INT4_PATH='sse': expected one of avx512"):
+        RowInt4Linear(linear)
+
+
 @pytest.fixture(scope="module")
 def int4_pair():
     target = make_int4_batch_invariant(tiny_llama(seed=0))

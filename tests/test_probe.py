@@ -61,6 +61,19 @@ def test_the_fastest_measured_draft_runtime_is_chosen_and_cached(tmp_path, monke
     assert measured
 
 
+def test_a_cpu_held_to_a_smaller_instruction_set_is_measured_as_another(monkeypatch):
+    from specdec.backends import runtime_choice
+
+    for name in runtime_choice.ISA_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    plain = runtime_choice.machine_key("d", "target")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    held = runtime_choice.machine_key("d", "target")
+    monkeypatch.setenv("SPECDEC_INT4_PATH", "avx2")
+    assert len({plain, held, runtime_choice.machine_key("d", "target")}) == 3
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in held and held.endswith("|d|target")
+
+
 def test_an_unreadable_runtime_choice_cache_is_measured_again(tmp_path):
     from specdec.backends import runtime_choice
 

@@ -610,9 +610,12 @@ def _doctor() -> int:
         if name == "int4":
             try:
                 path = int4.PATHS[int4.best_path()]
+                pinned = int4.pinned_path()
             except int4.KernelUnavailable as error:
                 out.write(f"int4 runtime: not available here: {error}\n")
                 break
+            if pinned >= 0:
+                path += f"; {int4.PATH_VARIABLE} runs the {int4.PATHS[pinned]} one"
             out.write(f"int4 runtime: kernel built, {path} path\n")
             model = int4.make_int4_batch_invariant(doctor.real_size_model())
         else:

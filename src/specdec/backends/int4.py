@@ -144,6 +144,22 @@ def best_path() -> int:
     return int(kernel().best_path())
 
 
+PATH_BY_NAME = {"avx512": 2, "avx2": 1, "scalar": 0}  # PATHS, by the names users give
+PATH_VARIABLE = "SPECDEC_INT4_PATH"
+
+
+def pinned_path() -> int:
+    """The code path new layers run: ``$SPECDEC_INT4_PATH`` (avx512, avx2, scalar) pins one,
+    to measure here what a CPU without AVX-512 would do (the paths agree bit for bit); else
+    -1, the best for this CPU. A path this CPU lacks is refused when the layer first runs."""
+    name = os.environ.get(PATH_VARIABLE, "").strip().lower()
+    if not name:
+        return -1
+    if name not in PATH_BY_NAME:
+        raise ValueError(f"{PATH_VARIABLE}={name!r}: expected one of {', '.join(PATH_BY_NAME)}")
+    return PATH_BY_NAME[name]
+
+
 def quantize_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """4-bit codes per group of 32 inputs.  weight  # [out, in] -> (codes uint8 [out, in],
     scales float16 [out, in / 32], minimums float16 [out, in / 32]); w ~ scale * code + min.
@@ -219,7 +235,7 @@ class RowInt4Linear(nn.Module):
     def _set(self, packed: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.packed, self.bias = packed, bias
         self.out_features, self.in_features = packed.shape[0] * TILE, packed.shape[1] * GROUP
-        self.path = -1  # the best path for this CPU; tests pin one
+        self.path = pinned_path()  # -1: the best path for this CPU; tests pin one
 
     def rows(self, ids: torch.Tensor) -> RowInt4Linear:
         """The layer restricted to output rows ``ids`` (the same numbers for those outputs),

@@ -51,15 +51,29 @@ class RuntimeChoice:
         return f"the {self.draft} {self.role}'s measured {MEASURED[self.role]} here: {steps}"
 
 
+# Settings that hold the kernels to a smaller instruction set (torch's, oneDNN's, MKL's,
+# specdec's int4 kernel's): a machine run under them is measured as a CPU of its own.
+ISA_VARIABLES = (
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "SPECDEC_INT4_PATH",
+)
+
+
 def machine_key(model: str, role: str = "draft") -> str:
-    """What the verdict depends on: the CPU, the builds (llama.cpp, torch, specdec's int4
-    kernel source), the interpreter, the model, the role."""
+    """What the verdict depends on: the CPU (and any ``ISA_VARIABLES`` set), the builds
+    (llama.cpp, torch, specdec's int4 kernel source), the interpreter, the model, the role."""
+    import os
+
     import torch
 
     from specdec.backends import int4
     from specdec.backends.probe import machine_key as llamacpp_machine
 
-    key = f"{llamacpp_machine()}|torch {torch.__version__}|{int4.kernel_name()}|{model}"
+    held = ",".join(f"{name}={os.environ[name]}" for name in ISA_VARIABLES if os.environ.get(name))
+    cpu = f"{llamacpp_machine()}|{held}" if held else llamacpp_machine()
+    key = f"{cpu}|torch {torch.__version__}|{int4.kernel_name()}|{model}"
     return key if role == "draft" else f"{key}|{role}"
 
 
