@@ -1,13 +1,14 @@
 """One training step of the EAGLE head at the default target's sizes, timed.
 
 python bench/heads_train_step.py [--unroll 1,2,3] [--precision auto|bfloat16|float32]
-    [--steps 4] [--vocab-count 32832] [--chunks 2] [--length 512]
+    [--distill-every 1] [--steps 4] [--vocab-count 32832] [--chunks 2] [--length 512]
 
 Builds the head from the default target's config (random weights; a step's cost does not
 depend on them), a batch shaped like ``heads train``'s (``--chunks`` chunks of ``--length``
 tokens, random features) and the trimmed output layer's shape, then times whole steps (loss,
-backward, AdamW) for each ``--unroll``: the first step of each is a warm-up, the median of
-the rest is reported with the steps a minute it implies.
+backward, AdamW) for each ``--unroll`` and ``--distill-every`` (``heads train``'s options):
+the first step of each is a warm-up, the median of the rest is reported with the steps a
+minute it implies.
 
 To see what a CPU without AVX-512 would run, restrict this one's kernels before Python
 starts (an estimate: same clocks and caches, narrower vectors):
@@ -25,18 +26,18 @@ import time
 
 import torch
 
+from specdec.backends.runtime_choice import ISA_VARIABLES
 from specdec.doctor import cpu_name
 from specdec.heads.nets import HeadsConfig, build
 from specdec.heads.train import eagle_loss, training_precision
 from specdec.models import DEFAULT_TARGET, cache_root, ensure_converted, lookup
-
-ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--unroll", default="1,2,3", help="comma-separated (default 1,2,3)")
     parser.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"))
+    parser.add_argument("--distill-every", default="1", help="comma-separated (default 1)")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per unroll, +1 warm-up")
     parser.add_argument("--vocab-count", type=int, default=32768 + 64)
     parser.add_argument("--chunks", type=int, default=2)
@@ -65,12 +66,16 @@ def main() -> None:
     features = torch.randn(args.chunks, args.length, hidden)
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-5)
     rows = []
-    for unroll in (int(u) for u in args.unroll.split(",")):
+    for unroll, every in (
+        (int(u), int(e)) for u in args.unroll.split(",") for e in args.distill_every.split(",")
+    ):
         seconds = []
         for _ in range(args.steps + 1):
             started = time.perf_counter()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
-                loss = eagle_loss(net, output, tokens, features, embed, unroll=unroll)
+                loss = eagle_loss(
+                    net, output, tokens, features, embed, unroll=unroll, distill_every=every
+                )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -79,6 +84,7 @@ def main() -> None:
         rows.append(
             {
                 "unroll": unroll,
+                "distill_every": every,
                 "step_s": round(median, 3),
                 "steps_per_minute": round(60 / median, 1),
                 "all_s": [round(s, 3) for s in seconds],

@@ -363,6 +363,8 @@ def test_heads_cli_errors_are_one_line(tmp_path, model_dir, capsys, monkeypatch)
         (["heads", "data", "--corpus", str(tmp_path / "nope"), *common], "does not exist"),
         (["heads", "data", "--minutes", "0", *common], "--minutes must be > 0"),
         (["heads", "train", "--kind", "eagle", *common], "no heads data"),
+        (["heads", "train", "--kind", "eagle", "--distill-every", "0", *common], "1..64"),
+        (["heads", "train", "--kind", "medusa", "--distill-every", "2", *common], "for EAGLE"),
         (["heads", "eval", "--kind", "medusa", *common], "no medusa heads trained"),
         (["generate", "hi", "--drafter", "eagle", *common], "no eagle heads trained"),
     ]
@@ -622,3 +624,25 @@ def test_unrolled_training_steps_see_what_the_drafter_sees(target_model):
                 torch.testing.assert_close(steps[step - 1][:, i : i + 1], predicted)
         # one step unrolled is EAGLE-1's pass, without a cache
         torch.testing.assert_close(unrolled(net, features, embeddings, 1)[0], steps[0])
+
+
+def test_distilling_every_nth_position_is_an_unbiased_cheaper_estimate():
+    """``--distill-every N`` takes the distillation term on every Nth position from a random
+    offset: each draw is one of the N offsets' losses and their mean is the full loss; at
+    weight 0 the output layer is not used at all (the regression alone)."""
+    from specdec.heads.train import _feature_loss, distill_loss
+
+    generator = torch.Generator().manual_seed(0)
+    predicted, actual = torch.randn(2, 2, 12, 8, generator=generator)
+    output = torch.randn(16, 8, generator=generator)
+    teacher = actual @ output.T
+    regression = torch.nn.functional.smooth_l1_loss(predicted, actual)
+    full = _feature_loss(predicted, actual, output, 0.5)
+    torch.testing.assert_close(full, regression + 0.5 * distill_loss(predicted @ output.T, teacher))
+    for every in (2, 3, 4):
+        draws = {
+            round(_feature_loss(predicted, actual, output, 0.5, every).item(), 6) for _ in range(80)
+        }
+        assert len(draws) == every, (every, draws)  # every offset drawn, nothing else
+        assert sum(draws) / every == pytest.approx(full.item(), rel=1e-5)
+    assert torch.equal(_feature_loss(predicted, actual, None, 0.0), regression)

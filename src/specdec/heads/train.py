@@ -118,6 +118,7 @@ def eagle_loss(
     embed: nn.Module,
     distill_weight: float = DISTILL_WEIGHT,
     unroll: int = 1,
+    distill_every: int = 1,
 ) -> torch.Tensor:
     """EAGLE's loss on chunks  # tokens [batch, length], features [batch, length, hidden].
 
@@ -125,12 +126,14 @@ def eagle_loss(
     drafter's later steps are rehearsed as in EAGLE-3's training-time test: at step s,
     chain i feeds its own step s - 1 prediction (of f_{i+s-1}) with the text's t_{i+s} at
     position i + s - 1, attending to the real pairs 0 .. i and its own earlier steps
-    (``unrolled_mask``), and is scored on f_{i+s}; step s weighs 0.8^(s-1)."""
+    (``unrolled_mask``), and is scored on f_{i+s}; step s weighs 0.8^(s-1). The
+    distillation term is taken on every ``distill_every``-th chain of step 1 (from a random
+    offset: an unbiased estimate at a fraction of the output layer's cost) and on every
+    ``LATER_DISTILL_EVERY``-th (or sparser) of the later steps; none at weight 0."""
     inputs = features[:, :-1]
     noise = (torch.rand_like(inputs) - 0.5) * 0.2 * inputs.std()
     with torch.no_grad():
         embeddings = embed(tokens[:, 1:]).to(features.dtype)  # row j: t_{j+1}
-        teacher = features[:, 1:] @ output.T  # row j: the target's logits after f_{j+1}
     loss = torch.zeros(())
     weights = 0.0
     for step, predicted in enumerate(unrolled(net, inputs + noise, embeddings, unroll), 1):
@@ -141,10 +144,9 @@ def eagle_loss(
         loss = loss + weight * _feature_loss(
             predicted[:, :scored],
             features[:, step:],
-            teacher[:, step - 1 :],
             output,
             distill_weight,
-            every=1 if step == 1 else LATER_DISTILL_EVERY,
+            every=distill_every if step == 1 else max(distill_every, LATER_DISTILL_EVERY),
         )
         weights += weight
     return loss / weights
@@ -170,14 +172,20 @@ def unrolled(net, features, embeddings, unroll: int) -> list[torch.Tensor]:
     return steps
 
 
-def _feature_loss(
-    predicted, actual, teacher, output, distill_weight: float, every: int = 1
-) -> torch.Tensor:
-    """EAGLE-1's: smooth-L1 on the feature plus ``distill_weight`` x distillation, the
-    latter on every ``every``-th position only (the output layer is most of its cost)."""
+def _feature_loss(predicted, actual, output, distill_weight: float, every: int = 1) -> torch.Tensor:
+    """EAGLE-1's: smooth-L1 of the predicted features on the ``actual`` ones plus
+    ``distill_weight`` x the distillation of the output layer's distribution on them (the
+    target's own next-token logits), the latter on every ``every``-th position only, from a
+    random offset: the output layer is most of a step's cost, and only the positions
+    distilled pay for it (none at weight 0)."""
     regression = nn.functional.smooth_l1_loss(predicted.float(), actual.float())
-    student = predicted[:, ::every] @ output.T
-    return regression + distill_weight * distill_loss(student, teacher[:, ::every])
+    if not distill_weight:
+        return regression
+    start = int(torch.randint(min(every, predicted.shape[1]), ()))
+    with torch.no_grad():
+        teacher = actual[:, start::every] @ output.T
+    student = predicted[:, start::every] @ output.T
+    return regression + distill_weight * distill_loss(student, teacher)
 
 
 def train(
@@ -196,6 +204,7 @@ def train(
     distill_weight: float = DISTILL_WEIGHT,
     precision: str = "auto",
     unroll: int = 1,
+    distill_every: int = 1,
 ) -> dict:
     """Train ``net`` in place for ``minutes`` (plus any time an earlier run spent, read from
     ``state``), or ``max_steps`` steps in all if that comes first; returns the training
@@ -214,6 +223,7 @@ def train(
     record["precision"] = training_precision(precision)
     if config.kind == "eagle":
         record["unroll"] = unroll
+        record["distill_every"] = distill_every
     autocast = torch.autocast(
         "cpu", dtype=torch.bfloat16, enabled=record["precision"] == "bfloat16"
     )
@@ -239,7 +249,9 @@ def train(
                 loss = medusa_loss(net, output, tokens, features)
             else:
                 assert embed is not None, "EAGLE embeds tokens with the target's embedding"
-                loss = eagle_loss(net, output, tokens, features, embed, distill_weight, unroll)
+                loss = eagle_loss(
+                    net, output, tokens, features, embed, distill_weight, unroll, distill_every
+                )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -294,6 +306,12 @@ def run_command(
         raise ValueError(f"--unroll must be in 1..8, got {args.unroll}")
     if args.unroll > 1 and args.kind != "eagle":
         raise ValueError("--unroll is for EAGLE (Medusa's heads do not draft on their own output)")
+    if not 1 <= args.distill_every <= 64:
+        raise ValueError(f"--distill-every must be in 1..64, got {args.distill_every}")
+    if args.distill_every > 1 and args.kind != "eagle":
+        raise ValueError("--distill-every is for EAGLE (Medusa's heads learn by distilling alone)")
+    if args.distill_weight < 0:
+        raise ValueError(f"--distill-weight must be >= 0, got {args.distill_weight}")
     train_set, _, manifest = data.load(data_dir, fingerprint)
     if train_set.tokens.shape[1] < args.num_heads + 2:
         raise ValueError(f"{data_dir}: chunks too short to train heads")
@@ -345,6 +363,7 @@ def run_command(
         distill_weight=args.distill_weight,
         precision=args.precision,
         unroll=args.unroll,
+        distill_every=args.distill_every,
     )
     trained = HeadsConfig.from_dict(
         config.to_dict()
