@@ -646,3 +646,30 @@ def test_distilling_every_nth_position_is_an_unbiased_cheaper_estimate():
         assert len(draws) == every, (every, draws)  # every offset drawn, nothing else
         assert sum(draws) / every == pytest.approx(full.item(), rel=1e-5)
     assert torch.equal(_feature_loss(predicted, actual, None, 0.0), regression)
+
+
+def test_eagle_at_distill_weight_0_never_runs_the_output_layer(target_model):
+    from specdec.heads.nets import HeadsConfig, build
+    from specdec.heads.train import eagle_loss
+
+    config = HeadsConfig(
+        kind="eagle",
+        fingerprint="tiny",
+        hidden_size=target_model.config.hidden_size,
+        vocab_size=target_model.config.vocab_size,
+        token_ids=list(range(8)),
+        intermediate_size=64,
+        target_config=target_model.config.to_dict(),
+    )
+    net = build(config)
+    embed = target_model.get_input_embeddings()
+    tokens = torch.randint(VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
+    features = torch.randn(2, 10, config.hidden_size, generator=torch.Generator().manual_seed(2))
+    output = torch.randn(8, config.hidden_size)
+    losses = []
+    for rows in (output, None):  # None: any use of the output layer would raise
+        torch.manual_seed(3)  # the same input noise
+        losses.append(eagle_loss(net, rows, tokens, features, embed, distill_weight=0.0))
+    assert torch.equal(losses[0], losses[1])
+    torch.manual_seed(3)
+    assert not torch.equal(eagle_loss(net, output, tokens, features, embed, 0.1), losses[0])
