@@ -587,30 +587,37 @@ def test_chat_data_joins_the_corpus_data_in_one_directory(tmp_path, model_dir, c
         assert min(reached) <= result["acceptance_by_position"][j] <= max(reached)
 
 
+def tiny_eagle_layer(target_model):
+    """An untrained EAGLE layer for the tiny target, over an 8-token trimmed vocabulary."""
+    from specdec.heads.nets import HeadsConfig, build
+
+    return build(
+        HeadsConfig(
+            kind="eagle",
+            fingerprint="tiny",
+            hidden_size=target_model.config.hidden_size,
+            vocab_size=target_model.config.vocab_size,
+            token_ids=list(range(8)),
+            intermediate_size=64,
+            target_config=target_model.config.to_dict(),
+        )
+    )
+
+
 def test_unrolled_training_steps_see_what_the_drafter_sees(target_model):
     """EAGLE-3's training-time test rehearses drafting: chain i's step s in one batched pass
     (``unrolled``, with its mask and positions) equals the drafter's way, a cache of the real
     pairs 0 .. i then one pair per step fed on the previous prediction."""
     from transformers import DynamicCache
 
-    from specdec.heads.nets import HeadsConfig, build
     from specdec.heads.train import unrolled
 
-    config = HeadsConfig(
-        kind="eagle",
-        fingerprint="tiny",
-        hidden_size=target_model.config.hidden_size,
-        vocab_size=target_model.config.vocab_size,
-        token_ids=list(range(8)),
-        intermediate_size=64,
-        target_config=target_model.config.to_dict(),
-    )
     torch.manual_seed(0)
-    net = build(config).eval()
+    net = tiny_eagle_layer(target_model).eval()
     embed = target_model.get_input_embeddings()
     tokens = torch.randint(VOCAB, (1, 14))
     with torch.no_grad():
-        features = torch.randn(1, 13, config.hidden_size)  # f_0 .. f_12
+        features = torch.randn(1, 13, target_model.config.hidden_size)  # f_0 .. f_12
         embeddings = embed(tokens[:, 1:])  # t_1 .. t_13
         steps = unrolled(net, features, embeddings, unroll=3)
         assert len(steps) == 3 and all(s.shape == features.shape for s in steps)
@@ -649,23 +656,15 @@ def test_distilling_every_nth_position_is_an_unbiased_cheaper_estimate():
 
 
 def test_eagle_at_distill_weight_0_never_runs_the_output_layer(target_model):
-    from specdec.heads.nets import HeadsConfig, build
     from specdec.heads.train import eagle_loss
 
-    config = HeadsConfig(
-        kind="eagle",
-        fingerprint="tiny",
-        hidden_size=target_model.config.hidden_size,
-        vocab_size=target_model.config.vocab_size,
-        token_ids=list(range(8)),
-        intermediate_size=64,
-        target_config=target_model.config.to_dict(),
-    )
-    net = build(config)
+    net = tiny_eagle_layer(target_model)
     embed = target_model.get_input_embeddings()
     tokens = torch.randint(VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
-    features = torch.randn(2, 10, config.hidden_size, generator=torch.Generator().manual_seed(2))
-    output = torch.randn(8, config.hidden_size)
+    features = torch.randn(
+        2, 10, target_model.config.hidden_size, generator=torch.Generator().manual_seed(2)
+    )
+    output = torch.randn(8, target_model.config.hidden_size)
     losses = []
     for rows in (output, None):  # None: any use of the output layer would raise
         torch.manual_seed(3)  # the same input noise
