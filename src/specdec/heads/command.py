@@ -127,7 +127,7 @@ def add_parser(commands, parser_class) -> None:
         default=1,
         help="EAGLE: the distillation term on every Nth position only (a random offset each "
         "step; the regression on all): only those pay for the output layer, most of a "
-        "float32 step (measured with torch held to AVX2, 16,384 rows: 2.5 s a step, 2.2 s "
+        "float32 step (measured on an AVX2 EPYC, 16,384 rows: 2.5 s a step, 2.2 s "
         "with 2, 1.5 s with 4: bench/heads_train_step.py; default: 1, every position)",
     )
     train.add_argument(
