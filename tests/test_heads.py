@@ -494,10 +494,31 @@ def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, train
 
 
 def test_documents_are_cut_into_chunks_of_one_length():
-    from specdec.heads.data import stream_chunks
+    """Each document but its last token (no pass made its feature); a chunk's features are
+    its documents' pieces, or None where one document came without."""
+    from specdec.heads.data import Document, stream_chunks
 
-    documents = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11]]
-    assert list(stream_chunks(documents, 4)) == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    def rows(ids):  # a feature row per token, holding its id
+        return torch.tensor(ids, dtype=torch.float16)[:, None].expand(-1, 3)
+
+    documents = [
+        Document([1, 2, 3, 0], rows([1, 2, 3])),
+        Document([4, 5, 0], rows([4, 5])),
+        Document([6, 7, 8, 9, 10, 0], rows([6, 7, 8, 9, 10])),
+        Document([11]),  # nothing to give
+        Document([12, 13, 14, 15, 0]),  # read back: no features
+        Document([16, 17, 0], rows([16, 17])),
+    ]
+    got = list(stream_chunks(documents, 4))
+    assert [ids for ids, _ in got] == [
+        [1, 2, 3, 4],
+        [5, 6, 7, 8],
+        [9, 10, 12, 13],
+        [14, 15, 16, 17],
+    ]
+    assert torch.equal(got[0][1], rows([1, 2, 3, 4]))
+    assert torch.equal(got[1][1], rows([5, 6, 7, 8]))
+    assert got[2][1] is None and got[3][1] is None
 
 
 @pytest.mark.parametrize(
@@ -546,10 +567,12 @@ def test_replies_are_the_targets_own_and_saved_for_a_rerun(target_model, tokeniz
     first = list(replies(target, ["hi", "the cat"], 12, saved))
     prompt = chat_ids(chatty, [{"role": "user", "content": "the cat"}])
     reply = Engine(target).generate(prompt, SamplingParams(max_tokens=12, temperature=0.7, seed=1))
-    assert first[1] == prompt + reply.token_ids
+    assert first[1].token_ids == prompt + reply.token_ids
+    assert first[1].features is None  # float32 is not batch-invariant: a prefill makes them
     lines = saved.read_text().splitlines()
     saved.write_text(lines[0] + "\n" + lines[1][:10])  # an interrupted write
-    assert list(replies(target, ["hi", "the cat", "a dog"], 12, saved))[:2] == first
+    again = list(replies(target, ["hi", "the cat", "a dog"], 12, saved))
+    assert [d.token_ids for d in again[:2]] == [d.token_ids for d in first]
     rows = [json.loads(line) for line in saved.read_text().splitlines()]
     assert [row["prompt"] for row in rows] == [0, 1, 2]  # the cut line made again, whole
 

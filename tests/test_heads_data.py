@@ -8,6 +8,7 @@ import re
 from importlib import resources
 
 import pytest
+import torch
 
 from helpers import backend, tiny_llama
 from specdec import Engine, SamplingParams
@@ -59,25 +60,37 @@ def quantized_target(request, tokenizer):
 
 def test_batched_replies_are_the_ones_written_alone(quantized_target, tmp_path):
     """Five prompts of different lengths, three at a time: each reply is the target's own
-    seeded reply alone, bit for bit; they come in the order they ended and are saved so; a
-    rerun reads them back in that order and writes only the missing ones."""
+    seeded reply alone, bit for bit, and comes with the features of the passes that wrote
+    it, which are a prefill's over the same text bit for bit; they come in the order they
+    ended and are saved so; a rerun reads them back in that order (without features) and
+    writes only the missing ones."""
     target = quantized_target
     prompts = ["hi", "the cat sat", "a", "dogs run far away", "ok then"]
     saved = tmp_path / "replies.jsonl"
     documents = list(replies(target, prompts, 10, saved, seed=5, batch=3))
     rows = [json.loads(line) for line in saved.read_text().splitlines()]
     assert sorted(row["prompt"] for row in rows) == list(range(5))
-    assert [row["token_ids"] for row in rows] == documents
-    for row in rows:
+    assert [row["token_ids"] for row in rows] == [d.token_ids for d in documents]
+    for row, document in zip(rows, documents, strict=True):
         prompt = chat_ids(target.tokenizer, [{"role": "user", "content": prompts[row["prompt"]]}])
         params = SamplingParams(max_tokens=10, temperature=0.7, seed=5 + row["prompt"])
         alone = Engine(backend(target.model, target.tokenizer)).generate(prompt, params)
         assert row["token_ids"] == prompt + alone.token_ids
+        prefill = backend(target.model, target.tokenizer)
+        prefill.keep_hidden_states()
+        prefill.forward(document.token_ids[:-1])
+        assert document.features is not None
+        assert document.features.dtype == torch.float16
+        assert torch.equal(document.features, prefill.hidden_states().to(torch.float16))
     lines = saved.read_text().splitlines()
     saved.write_text("\n".join(lines[:3]) + "\n" + lines[3][:7])  # an interrupted write
     again = list(replies(target, prompts, 10, saved, seed=5, batch=3))
-    assert again[:3] == documents[:3]
-    assert sorted(map(tuple, again)) == sorted(map(tuple, documents))
+    assert [d.token_ids for d in again[:3]] == [d.token_ids for d in documents[:3]]
+    assert all(d.features is None for d in again[:3])  # read back: a prefill makes them
+    assert again[3].features is not None and again[4].features is not None  # written again
+    assert sorted(tuple(d.token_ids) for d in again) == sorted(
+        tuple(d.token_ids) for d in documents
+    )
     assert len(saved.read_text().splitlines()) == 5
 
 

@@ -14,10 +14,14 @@ Chat-like data: a corpus of source files teaches the heads code, not conversatio
 target can also write its own replies to a list of prompts (``--chat``: the built-in ones of
 ``chat_prompts.py``; ``--chat-prompts``: the user's), through the chat template, sampled at
 temperature 0.7 with a seed per prompt: the text the heads will have to guess when serving
-chat. Prompt + reply, one after another, are cut into chunks of the same length and their
-features collected as for the corpus. The replies are saved as they are written
-(``builtin-replies.jsonl``, ``replies.jsonl``), so a rerun continues without generating
-them again. Each source keeps its own count of chunks, so all can share one data directory.
+chat. Prompt + reply, one after another, are cut into chunks of the same length. Their
+features are the ones the target made while writing the reply: on a batch-invariant runtime
+(int8, int4) a pass over a block equals its steps bit for bit, so these are the prefill's
+features without a second pass over the text (``tests/test_heads_data.py``); replies read
+back from an earlier run, or written on another runtime, are run again in prefill. The
+replies are saved as they are written (``builtin-replies.jsonl``, ``replies.jsonl``), so a
+rerun continues without generating them again. Each source keeps its own count of chunks,
+so all can share one data directory.
 """
 
 from __future__ import annotations
@@ -87,15 +91,43 @@ def chunks(files: Sequence[Path], tokenizer, length: int) -> Iterator[list[int]]
             yield ids[start : start + length]
 
 
-def stream_chunks(documents: Iterable[list[int]], length: int) -> Iterator[list[int]]:
-    """Documents one after another, cut into chunks of exactly ``length`` ids (the last,
-    shorter piece dropped)."""
+@dataclass(frozen=True)
+class Document:
+    """A prompt and the target's reply, as token ids, with the target's features of every
+    position but the last (the last token was sampled, never run through the target) when
+    the passes that wrote the reply kept them."""
+
+    token_ids: list[int]
+    features: torch.Tensor | None = None  # [len(token_ids) - 1, hidden] float16
+
+
+def stream_chunks(
+    documents: Iterable[Document], length: int
+) -> Iterator[tuple[list[int], torch.Tensor | None]]:
+    """Documents one after another, each but its last token (no pass made its feature), cut
+    into chunks of exactly ``length`` ids (the last, shorter piece dropped): (ids, their
+    features, or None when a document in the chunk came without them)."""
     pending: list[int] = []
+    pieces: list[tuple[int, torch.Tensor | None]] = []  # (tokens, features) of pending, by document
     for document in documents:
-        pending += document
+        ids = document.token_ids[:-1]
+        if not ids:
+            continue
+        pending += ids
+        pieces.append((len(ids), document.features))
         while len(pending) >= length:
-            yield pending[:length]
-            pending = pending[length:]
+            chunk, pending = pending[:length], pending[length:]
+            taken: list[torch.Tensor | None] = []
+            need = length
+            while need:
+                count, features = pieces.pop(0)
+                used = min(count, need)
+                taken.append(None if features is None else features[:used])
+                if used < count:
+                    pieces.insert(0, (count - used, None if features is None else features[used:]))
+                need -= used
+            whole = [t for t in taken if t is not None]
+            yield chunk, torch.cat(whole) if len(whole) == len(taken) else None
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -113,11 +145,12 @@ def replies(
     saved: Path,
     seed: int = 0,
     batch: int = 32,
-) -> Iterator[list[int]]:
-    """Each prompt (through the chat template) followed by the target's own reply: token
-    ids, in the order the replies were finished. Replies already in ``saved`` (a JSON line
-    each, naming its prompt) are read back first, in their order there, and new ones
-    appended, so a rerun yields the same documents in the same order.
+) -> Iterator[Document]:
+    """Each prompt (through the chat template) followed by the target's own reply, in the
+    order the replies were finished, with the features the target made while writing it.
+    Replies already in ``saved`` (a JSON line each, naming its prompt) are read back first,
+    in their order there (without features), and new ones appended, so a rerun yields the
+    same token ids in the same order.
 
     Up to ``batch`` replies are written together, one pass of the target for one token of
     each (continuous batching: a finished reply's place goes to the next prompt), where the
@@ -144,7 +177,7 @@ def replies(
         temporary = saved.with_suffix(".tmp")
         temporary.write_text("".join(lines[:whole]))
         temporary.replace(saved)
-    yield from (ids for index, ids in done.items() if index < len(prompts))
+    yield from (Document(ids) for index, ids in done.items() if index < len(prompts))
     # A model without a chat template has no conversation format: its prompts go in raw.
     template = "chat" if getattr(target.tokenizer, "chat_template", None) else "raw"
     requests = [
@@ -154,16 +187,17 @@ def replies(
     ]
     with saved.open("a") as out:
         for index, document in _write_replies(target, requests, reply_tokens, seed, batch):
-            out.write(json.dumps({"prompt": index, "token_ids": document}) + "\n")
+            out.write(json.dumps({"prompt": index, "token_ids": document.token_ids}) + "\n")
             out.flush()
             yield document
 
 
 def _write_replies(
     target, requests: Sequence[tuple[int, list[int]]], reply_tokens: int, seed: int, batch: int
-) -> Iterator[tuple[int, list[int]]]:
+) -> Iterator[tuple[int, Document]]:
     """(prompt index, prompt + reply) as each reply ends: sampled at temperature 0.7 with
-    seed ``seed + index``; ``batch`` at a time on a batch-invariant runtime, else one by one."""
+    seed ``seed + index``; ``batch`` at a time on a batch-invariant runtime (with the
+    features of its passes), else one by one (features left to a prefill pass)."""
     from specdec import Engine, SamplingParams
     from specdec.backends.batched import BatchedModel, supports
     from specdec.engine import step_together
@@ -173,28 +207,39 @@ def _write_replies(
 
     if batch <= 1 or not supports(target.model):
         for index, prompt_ids in requests:
-            yield index, prompt_ids + Engine(target).generate(prompt_ids, params(index)).token_ids
+            reply = Engine(target).generate(prompt_ids, params(index)).token_ids
+            yield index, Document(prompt_ids + reply)
         return
     model = BatchedModel(target.model, target.tokenizer)  # shares the template's prefix
     waiting = list(reversed(requests))
-    active: list[tuple[int, list[int], Any]] = []  # (index, prompt + reply so far, run)
+    active: list[tuple[int, list[int], Any, Any]] = []  # (index, prompt + reply so far, run, seq)
     while waiting or active:
         while waiting and len(active) < batch:
             index, prompt_ids = waiting.pop()
-            run = Engine(model.sequence()).begin(prompt_ids, params(index))
+            sequence = model.sequence()
+            sequence.keep_hidden_states()
+            run = Engine(sequence).begin(prompt_ids, params(index))
             run.start()
-            active.append((index, list(prompt_ids), run))
-        results = step_together([run for _, _, run in active], model.forward_many)
+            active.append((index, list(prompt_ids), run, sequence))
+        results = step_together([run for _, _, run, _ in active], model.forward_many)
         still = []
-        for (index, document, run), result in zip(active, results, strict=True):
+        for (index, document, run, sequence), result in zip(active, results, strict=True):
             if isinstance(result, Exception):
                 raise result
             document += result.token_ids
             if result.finish_reason is None:
-                still.append((index, document, run))
+                still.append((index, document, run, sequence))
             else:
-                yield index, document
+                yield index, Document(document, _features(sequence, document))
         active = still
+
+
+def _features(sequence, document: list[int]) -> torch.Tensor | None:
+    """The features a sequence kept while writing ``document``: every position but the
+    last, float16; None if its cache holds other tokens (then a prefill pass makes them)."""
+    if list(sequence.cached_token_ids) != document[:-1]:
+        return None
+    return sequence.hidden_states().to(torch.float16)
 
 
 @dataclass(frozen=True)
@@ -220,11 +265,12 @@ def collect(
     minutes: float | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     source: str = "corpus",
-    documents: Iterable[list[int]] | None = None,
+    documents: Iterable[Document] | None = None,
 ) -> dict:
     """Run ``target`` (an ``HFModel``) over the corpus chunks (or, given ``documents``,
-    over chunks of those token lists) and write shards to ``out_dir``; resumes where an
-    earlier run of the same ``source`` for the same target stopped. Returns the manifest."""
+    take chunks of those, run only where they came without features) and write shards to
+    ``out_dir``; resumes where an earlier run of the same ``source`` for the same target
+    stopped. Returns the manifest."""
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = _read_manifest(out_dir)
     if manifest and (manifest["fingerprint"], manifest["length"]) != (fingerprint, length):
@@ -251,19 +297,21 @@ def collect(
     pending_features: list[torch.Tensor] = []
     started = time.monotonic()
     source_chunks = (
-        chunks(files, target.tokenizer, length)
+        ((chunk, None) for chunk in chunks(files, target.tokenizer, length))
         if documents is None
         else stream_chunks(documents, length)
     )
-    for index, chunk in enumerate(source_chunks):
+    for index, (chunk, features) in enumerate(source_chunks):
         if index < done_chunks:
             continue
         if (total is not None and index >= total) or time.monotonic() > deadline:
             break
-        target.truncate(0)
-        target.forward(chunk, last_only=True)
+        if features is None:
+            target.truncate(0)
+            target.forward(chunk, last_only=True)
+            features = target.hidden_states().to(torch.float16).clone()
         pending_tokens.append(chunk)
-        pending_features.append(target.hidden_states().to(torch.float16).clone())
+        pending_features.append(features)
         if len(pending_tokens) == CHUNKS_PER_SHARD:
             _write_shard(out_dir, manifest, pending_tokens, pending_features, started, source)
             started = time.monotonic()
