@@ -28,8 +28,9 @@ def add_parser(commands, parser_class) -> None:
         "data",
         help="run the target over local text and store its features (resumable)",
         description="Run the target in prefill mode over fixed-length chunks of local text "
-        "and store each chunk's tokens and final-norm features (float16) under the heads "
-        "cache. Interrupt and rerun to continue. Default corpus: this Python's standard "
+        "(or let it write replies to prompts, keeping the features of the passes that wrote "
+        "them) and store each chunk's tokens and final-norm features (float16) under the "
+        "heads cache. Interrupt and rerun to continue. Default corpus: this Python's standard "
         "library (source that every machine has).",
     )
     data.add_argument(
@@ -65,8 +66,10 @@ def add_parser(commands, parser_class) -> None:
         action="store_true",
         help="instead of a corpus: the target answers the built-in prompts (about 1,200 "
         "requests of common kinds over everyday, science, writing and programming topics; "
-        "none on the chat benchmark's topics), collected like --chat-prompts (measured: "
-        "20 minutes wrote 654 replies, 106k tokens of data, with the int4 1.5B on 2 cores)",
+        "none on the chat benchmark's topics), collected like --chat-prompts (measured on 2 "
+        "cores: 24 minutes wrote 483 replies, 78k tokens of data, with the int8 1.5B on an "
+        "AVX2 EPYC; 20 minutes wrote 654 replies on an AVX-512 EPYC with int4, when each "
+        "reply still ran through the target twice)",
     )
     data.add_argument(
         "--batch",
@@ -79,7 +82,7 @@ def add_parser(commands, parser_class) -> None:
         "--reply-tokens",
         type=int,
         default=256,
-        help="--chat-prompts: tokens of each reply at most (default: 256)",
+        help="--chat/--chat-prompts: tokens of each reply at most (default: 256)",
     )
     data.add_argument("--max-tokens", type=int, help="stop after this many tokens")
     data.add_argument("--length", type=int, default=512, help="tokens per chunk (default: 512)")
