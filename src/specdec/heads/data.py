@@ -316,12 +316,12 @@ def collect(
             _write_shard(out_dir, manifest, pending_tokens, pending_features, started, source)
             started = time.monotonic()
             pending_tokens, pending_features = [], []
-        what = "the corpus" if documents is None else "its replies"
+        what = "running the target over the corpus" if documents is None else "writing replies"
         if progress is not None and total is not None:
-            progress(f"running the target over {what} (chunks)", index + 1, total)
+            progress(f"{what} (chunks)", index + 1, total)
         elif progress is not None and budget_seconds is not None:
             elapsed = min(int(time.monotonic() - began), int(budget_seconds))
-            progress(f"running the target over {what} (seconds)", elapsed, int(budget_seconds))
+            progress(f"{what} (seconds)", elapsed, int(budget_seconds))
     if pending_tokens:
         _write_shard(out_dir, manifest, pending_tokens, pending_features, started, source)
     target.truncate(0)
