@@ -301,6 +301,7 @@ def collect(
         if documents is None
         else stream_chunks(documents, length)
     )
+    what = "running the target over the corpus" if documents is None else "writing replies"
     for index, (chunk, features) in enumerate(source_chunks):
         if index < done_chunks:
             continue
@@ -316,7 +317,6 @@ def collect(
             _write_shard(out_dir, manifest, pending_tokens, pending_features, started, source)
             started = time.monotonic()
             pending_tokens, pending_features = [], []
-        what = "running the target over the corpus" if documents is None else "writing replies"
         if progress is not None and total is not None:
             progress(f"{what} (chunks)", index + 1, total)
         elif progress is not None and budget_seconds is not None:
