@@ -116,12 +116,17 @@ def test_every_code_path_gives_the_same_bits(shape):
 
 @pytest.mark.parametrize("rows", [2, 3, 4, 5, 7, 8, 9, 12, 17, 40])
 def test_a_row_does_not_depend_on_its_neighbours(threads, rows):
+    """On every vector path this CPU has (each takes rows in passes of its own size: 8 on
+    AVX-512, 4 on AVX2) and at several thread counts."""
     layer = RowInt4Linear(random_linear(8960, 1536, seed=6))
     x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows))
-    singles = torch.cat([layer(x[i : i + 1]) for i in range(rows)])
-    for count in THREADS:
-        torch.set_num_threads(count)
-        assert torch.equal(layer(x), singles), f"{rows} rows, {count} threads"
+    for path in available_paths()[1:]:
+        layer.path = path
+        torch.set_num_threads(2)
+        singles = torch.cat([layer(x[i : i + 1]) for i in range(rows)])
+        for count in THREADS:
+            torch.set_num_threads(count)
+            assert torch.equal(layer(x), singles), f"path {path}, {rows} rows, {count} threads"
 
 
 def test_a_path_this_cpu_lacks_is_refused():
@@ -202,11 +207,23 @@ def real_size_int4_model():
 
 @pytest.mark.parametrize("count", THREADS)
 def test_blocks_equal_steps_at_real_layer_sizes(real_size_int4_model, threads, count):
-    """Hidden 1536, intermediate 8960 (the 1.5B's layers), blocks of 2..12 tokens."""
+    """Hidden 1536, intermediate 8960 (the 1.5B's layers), blocks of 2..12 tokens, on every
+    vector path of the kernel this CPU has."""
     from specdec.doctor import check_block_equals_steps
 
-    result = check_block_equals_steps(real_size_int4_model, count)
-    assert result.ok, f"{result.mismatched} of {result.blocks} blocks differ at {count} threads"
+    layers = [m for m in real_size_int4_model.modules() if isinstance(m, RowInt4Linear)]
+    try:
+        for path in available_paths()[1:]:
+            for layer in layers:
+                layer.path = path
+            result = check_block_equals_steps(real_size_int4_model, count)
+            assert result.ok, (
+                f"path {path}: {result.mismatched} of {result.blocks} blocks differ at "
+                f"{count} threads"
+            )
+    finally:
+        for layer in layers:
+            layer.path = -1
 
 
 # ---- the on-disk runtime form ------------------------------------------------------------
