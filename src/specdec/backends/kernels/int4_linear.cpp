@@ -173,9 +173,9 @@ void tile_scalar(const uint8_t* blocks, const Activations& a, int64_t row0, int6
 // summed in int16 and widened once per half: a lane holds at most 8 x 2 x 15 x 127 = 30,480
 // < 2^15, so the int16 sum is exact and equals the int32 sum of the widened products (the
 // same isum, the same bits). Against the first version (one half at a time, every product
-// widened), on an AVX-512 EPYC running this path: the 1.5B's linears 0.56-0.70x the time for
-// 1 row, 0.8x for 16; a whole pass 0.62-0.70x for 1 row, 0.67x for 4, 0.86x for 32
-// (`python bench/int4_rows.py --path avx2`, docs/runtime-search.md section 7).
+// widened), on an AVX-512 EPYC running this path: a whole pass of the 1.5B 0.66-0.77x the
+// time for 1 row, 0.55-0.59x for 4, 0.63-0.70x for 32 (`python bench/int4_rows.py --path
+// avx2`, docs/runtime-search.md section 7).
 template <int R>
 __attribute__((target("avx2,fma,f16c"))) inline void rows_avx2(const uint8_t* blocks,
                                                             const Activations& a, int64_t r0,
@@ -208,6 +208,11 @@ __attribute__((target("avx2,fma,f16c"))) inline void rows_avx2(const uint8_t* bl
         isum[r][1] = _mm256_add_epi16(isum[r][1], _mm256_maddubs_epi16(lo1, blo));
         isum[r][0] = _mm256_add_epi16(isum[r][0], _mm256_maddubs_epi16(hi0, bhi));
         isum[r][1] = _mm256_add_epi16(isum[r][1], _mm256_maddubs_epi16(hi1, bhi));
+        // Integer sums may be reordered, and GCC does: without this it computes all 64 of a
+        // group's products first, spills them to the stack and adds them up after (the
+        // same sums, 1.4x the time at 64 rows). An empty asm that reads and writes the sums
+        // keeps each add in place and the sums in registers; it emits no instruction.
+        asm("" : "+x"(isum[r][0]), "+x"(isum[r][1]));
       }
     }
     for (int h = 0; h < 2; ++h) {
