@@ -2,11 +2,13 @@
 
 python bench/heads_train_step.py [--unroll 1,2,3] [--precision auto|bfloat16|float32]
     [--distill-every 1] [--steps 4] [--vocab-count 32832] [--chunks 2] [--length 512]
+    [--intermediate-size 4096]
 
 Builds the head from the default target's config (random weights; a step's cost does not
 depend on them), a batch shaped like ``heads train``'s (``--chunks`` chunks of ``--length``
 tokens, random features) and the trimmed output layer's shape, then times whole steps (loss,
-backward, AdamW) for each ``--unroll`` and ``--distill-every`` (``heads train``'s options):
+backward, AdamW) for each ``--unroll``, ``--distill-every`` and ``--intermediate-size``
+(``heads train``'s options):
 the first step of each is a warm-up, the median of the rest is reported with the steps a
 minute it implies.
 
@@ -42,6 +44,9 @@ def main() -> None:
     parser.add_argument("--vocab-count", type=int, default=32768 + 64)
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--length", type=int, default=512)
+    parser.add_argument(
+        "--intermediate-size", default="4096", help="the layer's MLP width, comma-separated"
+    )
     args = parser.parse_args()
 
     from transformers import AutoConfig
@@ -49,26 +54,30 @@ def main() -> None:
     target_dir = ensure_converted(lookup(DEFAULT_TARGET), cache_root())
     target_config = AutoConfig.from_pretrained(target_dir).to_dict()
     hidden = target_config["hidden_size"]
-    config = HeadsConfig(
-        kind="eagle",
-        fingerprint="bench",
-        hidden_size=hidden,
-        vocab_size=target_config["vocab_size"],
-        token_ids=list(range(args.vocab_count)),
-        target_config=target_config,
-    )
     precision = training_precision(args.precision)
-    torch.manual_seed(0)
-    net = build(config)
     output = torch.randn(args.vocab_count, hidden) * 0.02
     embed = torch.nn.Embedding(target_config["vocab_size"], hidden)
     tokens = torch.randint(target_config["vocab_size"], (args.chunks, args.length))
     features = torch.randn(args.chunks, args.length, hidden)
-    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-5)
     rows = []
-    for unroll, every in (
-        (int(u), int(e)) for u in args.unroll.split(",") for e in args.distill_every.split(",")
+    for width, unroll, every in (
+        (int(w), int(u), int(e))
+        for w in args.intermediate_size.split(",")
+        for u in args.unroll.split(",")
+        for e in args.distill_every.split(",")
     ):
+        config = HeadsConfig(
+            kind="eagle",
+            fingerprint="bench",
+            hidden_size=hidden,
+            vocab_size=target_config["vocab_size"],
+            token_ids=list(range(args.vocab_count)),
+            intermediate_size=width,
+            target_config=target_config,
+        )
+        torch.manual_seed(0)
+        net = build(config)
+        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-5)
         seconds = []
         for _ in range(args.steps + 1):
             started = time.perf_counter()
@@ -83,6 +92,7 @@ def main() -> None:
         median = statistics.median(seconds[1:])
         rows.append(
             {
+                "intermediate_size": width,
                 "unroll": unroll,
                 "distill_every": every,
                 "step_s": round(median, 3),

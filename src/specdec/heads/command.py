@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from specdec.heads.evaluate import POSITIONS_PER_CHUNK
 from specdec.heads.nets import KINDS
 from specdec.heads.train import PRECISIONS
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -184,6 +185,14 @@ def add_parser(commands, parser_class) -> None:
         help="--kind model: a trimmed draft vocabulary file (specdec vocab build)",
     )
     evaluate.add_argument("--max-k", type=int, default=4, help="chain length to score (4)")
+    evaluate.add_argument(
+        "--positions",
+        type=int,
+        default=POSITIONS_PER_CHUNK,
+        help="positions drafted from in each held-out chunk, at random (default: "
+        f"{POSITIONS_PER_CHUNK}; more narrow the estimate: its standard error is about "
+        "0.5 / sqrt(chunks x positions) for the first draft)",
+    )
     _common(evaluate)
 
     listing = sub.add_parser("list", help="heads trained for each target in the cache")

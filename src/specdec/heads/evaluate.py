@@ -164,6 +164,8 @@ def run_command(
     if not 1 <= args.max_k <= 16:
         raise ValueError(f"--max-k must be in 1..16, got {args.max_k}")
     max_k = args.max_k
+    if args.positions < 1:
+        raise ValueError(f"--positions must be >= 1, got {args.positions}")
     label = args.kind
     if args.kind == "model":
         from specdec.cli import draft_runtime, trim_draft
@@ -199,7 +201,7 @@ def run_command(
             "collect more data"
         )
     by_source = {
-        source: agreement(make_drafter, target, held.only(source), max_k, POSITIONS_PER_CHUNK)
+        source: agreement(make_drafter, target, held.only(source), max_k, args.positions)
         for source in sorted(set(held.sources))
     }
     agree = Agreement(
