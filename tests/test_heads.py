@@ -289,6 +289,13 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
         assert main(["heads", "eval", "--kind", kind, "--max-k", "3", *common]) == 0
         result = json.loads(capsys.readouterr().out)
         assert len(result["acceptance_by_position"]) == 3 and result["c_per_draft"] > 0
+        # --positions: every held-out chunk drafts from that many positions (first draft)
+        assert main(["heads", "eval", "--kind", kind, "--positions", "5", *common]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["trials_by_position"][0] == 5 * result["held_out_chunks"]
+        assert main(["heads", "eval", "--kind", kind, "--positions", "0", *common]) == 2
+        err = capsys.readouterr().err
+        assert "--positions must be >= 1" in err and err.count("\n") == 1, err
     model_eval = ["--kind", "model", "--draft", str(model_dir), "--draft-runtime", "transformers"]
     assert main(["heads", "eval", *model_eval, "--max-k", "3", *common]) == 0
     assert json.loads(capsys.readouterr().out)["drafter"].startswith("model-transformers")
