@@ -190,8 +190,8 @@ def add_parser(commands, parser_class) -> None:
         type=int,
         default=POSITIONS_PER_CHUNK,
         help="positions drafted from in each held-out chunk, at random (default: "
-        f"{POSITIONS_PER_CHUNK}; more narrow the estimate: its standard error is about "
-        "0.5 / sqrt(chunks x positions) for the first draft)",
+        f"{POSITIONS_PER_CHUNK}; more positions narrow the estimate: the first draft's "
+        "acceptance has a standard error of at most 0.5 / sqrt(chunks x positions))",
     )
     _common(evaluate)
 

@@ -248,7 +248,7 @@ __attribute__((target("avx2,fma,f16c"))) void rows_avx2_call(const uint8_t* bloc
 
 // Rows in passes of at most kRowsAvx2 (the block's weights come again from cache for the
 // next pass): a quad's four code registers and the rows' eight int16 sums fit AVX2's 16
-// registers; 2, 3 and 5 measured no faster.
+// registers; passes of 2 or 3 (and of 5, before the asm line above) measured no faster.
 constexpr int kRowsAvx2 = 4;
 
 __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* blocks,
