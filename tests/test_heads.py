@@ -450,6 +450,13 @@ def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     store.save_eval(entry, "eagle", {"predicted_speedup": 0.9})
     recipe, why = auto_recipe(target, str(tmp_path), "tiny")
     assert recipe == "model" and "0.90x" in why  # heads predicted slower than plain
+    # Heads predicted faster than plain, the draft model never evaluated: nothing says which
+    # is faster, so both, chosen round by round (the heads alone without a choice).
+    store.save_eval(entry, "eagle", {"predicted_speedup": 1.05})
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "model/eagle" and "draft model not evaluated" in why
+    assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "eagle"
+    store.save_eval(entry, "eagle", {"predicted_speedup": 0.9})
     store.save_eval(entry, "model", {"predicted_speedup": 0.8})
     # Heads predicted fastest, the draft model evaluated too: both, chosen round by round;
     # the heads alone where no choice can be made (a fixed k, no draft model).

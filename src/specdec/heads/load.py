@@ -102,7 +102,11 @@ def auto_recipe(
     trained heads and the draft model; ``model`` when no heads are trained or evaluated.
     Where heads are predicted fastest and the draft model was evaluated too, the choice of
     both (``model/eagle``: each round the one measured faster) when ``can_choose`` (k auto
-    and a draft model at hand): the held-out text is sampled and like the training data,
+    and a draft model at hand); likewise where the draft model was not evaluated at all,
+    since nothing then says the heads are the faster (measured on the AMD EPYC, int4
+    target, README's quicksort prompt: a 12-minute EAGLE head predicted at 1.05x, taken
+    alone, 1.15x; the draft model 1.46-1.50x). The held-out text is sampled and like the
+    training data,
     and on new requests decoded greedily the draft model can still be the faster (measured
     on the AMD EPYC, int4 target, README's quicksort prompt: EAGLE 47.4, 45.4, 52.3 tok/s,
     the draft model 51.6, 58.4, 61.1, the choice 54.8, 54.7, 59.9).
@@ -127,7 +131,9 @@ def auto_recipe(
         return "model", f"{best} heads are predicted at {predicted[best]:.2f}x only"
     listed = ", ".join(f"{kind} {speedup:.2f}x" for kind, speedup in sorted(predicted.items()))
     why = f"predicted by 'specdec heads eval' on this machine ({runtime} target): {listed}"
-    if best != "model" and "model" in predicted and can_choose:
+    if best != "model" and can_choose:
+        if "model" not in predicted:  # no prediction to compare with: measure both online
+            why += "; the draft model not evaluated ('specdec heads eval --kind model')"
         return f"model/{best}", f"{why}; both drafting, each round the one measured faster"
     return best, why
 
