@@ -105,11 +105,11 @@ def auto_recipe(
     and a draft model at hand); likewise where the draft model was not evaluated at all,
     since nothing then says the heads are the faster (measured on the AMD EPYC, int4
     target, README's quicksort prompt: a 12-minute EAGLE head predicted at 1.05x, taken
-    alone, 1.15x; the draft model 1.46-1.50x). The held-out text is sampled and like the
-    training data,
-    and on new requests decoded greedily the draft model can still be the faster (measured
-    on the AMD EPYC, int4 target, README's quicksort prompt: EAGLE 47.4, 45.4, 52.3 tok/s,
-    the draft model 51.6, 58.4, 61.1, the choice 54.8, 54.7, 59.9).
+    alone, 1.15x; the choice 1.27x, 1.31x; the draft model 1.46-1.50x). The held-out text
+    is sampled and like the training data, and on new requests decoded greedily the draft
+    model can still be the faster (measured on the AMD EPYC, int4 target, README's
+    quicksort prompt: EAGLE 47.4, 45.4, 52.3 tok/s, the draft model 51.6, 58.4, 61.1, the
+    choice 54.8, 54.7, 59.9).
 
     Costs differ by target runtime (an int4 step is about half an int8 one), so the
     evaluations made with this target's runtime are used (``heads eval --dtype``); where
