@@ -5,8 +5,8 @@
 // unpacks at about half the memory speed and takes rows in groups of 4, so a 5-token verify
 // pass costs 2.4-2.8 one-token steps; llama.cpp's multi-token passes cost 2.4-3.8 steps here.
 // This kernel unpacks each block of weights once and applies it to up to 8 rows of the pass
-// while it sits in registers (more rows: again from cache), so a verify pass reads the
-// weights from memory once.
+// (4 on AVX2) while it sits in registers (more rows: again from cache), so a verify pass
+// reads the weights from memory once.
 //
 // Exactness (block == steps, bit for bit, at any thread count): output (row r, column n) is
 //   acc = 0
@@ -45,7 +45,7 @@ namespace {
 constexpr int kGroup = 32;
 constexpr int kTile = 16;
 constexpr int kBlock = 320;  // 256 code bytes + 16 float16 scales + 16 float16 minimums
-constexpr int kRowsPerPass = 8;
+constexpr int kRowsAvx512 = 8;  // rows a pass on AVX-512 (AVX2's: kRowsAvx2)
 
 struct Activations {
   const int8_t* codes;  // [rows, K]
@@ -335,7 +335,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) void ti
     float* out, int64_t n_total, int64_t col0) {
   using RowsFn = void (*)(const uint8_t*, const Activations&, int64_t, const float*, float*,
                           int64_t, int64_t);
-  static constexpr RowsFn by_count[kRowsPerPass + 1] = {
+  static constexpr RowsFn by_count[kRowsAvx512 + 1] = {
       nullptr,
       rows_avx512_call<1>,
       rows_avx512_call<2>,
@@ -346,8 +346,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) void ti
       rows_avx512_call<7>,
       rows_avx512_call<8>,
   };
-  for (int64_t r0 = row0; r0 < row0 + rows; r0 += kRowsPerPass) {
-    const int64_t n = std::min<int64_t>(kRowsPerPass, row0 + rows - r0);
+  for (int64_t r0 = row0; r0 < row0 + rows; r0 += kRowsAvx512) {
+    const int64_t n = std::min<int64_t>(kRowsAvx512, row0 + rows - r0);
     by_count[n](blocks, a, r0, bias, out, n_total, col0);
   }
 }
