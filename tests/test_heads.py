@@ -282,10 +282,13 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
     )
     assert "chunks of 32 tokens" in capsys.readouterr().err
     for kind in KINDS:
-        unroll = ["--unroll", "2"] if kind == "eagle" else []
+        unroll = ["--unroll", "2", "--learning-rate", "0.002"] if kind == "eagle" else []
         assert main(["heads", "train", "--kind", kind, "--minutes", "0.03", *unroll, *common]) == 0
         assert "saved" in (err := capsys.readouterr().err)
         assert ("unroll 2" in err) == (kind == "eagle"), err
+        saved = next((tmp_path / "cache" / "heads").glob(f"*/{kind}/config.json"))
+        rate = json.loads(saved.read_text())["training"]["learning_rate"]
+        assert rate == (0.002 if kind == "eagle" else 1e-3)  # as asked, else the kind's default
         assert main(["heads", "eval", "--kind", kind, "--max-k", "3", *common]) == 0
         result = json.loads(capsys.readouterr().out)
         assert len(result["acceptance_by_position"]) == 3 and result["c_per_draft"] > 0
@@ -374,6 +377,33 @@ def test_heads_cli_errors_are_one_line(tmp_path, model_dir, capsys, monkeypatch)
         (["heads", "train", "--kind", "medusa", "--distill-every", "2", *common], "for EAGLE"),
         (["heads", "eval", "--kind", "medusa", *common], "no medusa heads trained"),
         (["generate", "hi", "--drafter", "eagle", *common], "no eagle heads trained"),
+    ]
+    for args, message in cases:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
+def test_heads_arguments_are_checked_before_the_target_loads(tmp_path, capsys, monkeypatch):
+    """A bad value of a subcommand's own argument is one line at once, not after the
+    seconds a target takes to load (and to be timed, for --dtype auto)."""
+    import specdec.cli
+    import specdec.loading
+
+    def never(*args, **kwargs):
+        raise AssertionError("the target was loaded before the arguments were checked")
+
+    monkeypatch.setattr(specdec.loading, "load_backend", never)
+    monkeypatch.setattr(specdec.cli, "target_runtime", never)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    cases = [
+        (["heads", "data", "--length", "8"], "--length must be >= 16"),
+        (["heads", "data", "--chat", "--corpus", "x"], "give one of --corpus, --chat"),
+        (["heads", "train", "--kind", "eagle", "--minutes", "0"], "--minutes must be > 0"),
+        (["heads", "train", "--kind", "eagle", "--learning-rate", "0"], "--learning-rate must"),
+        (["heads", "train", "--kind", "medusa", "--unroll", "2"], "--unroll is for EAGLE"),
+        (["heads", "eval", "--kind", "eagle", "--max-k", "0"], "--max-k must be in 1..16"),
+        (["heads", "eval", "--kind", "eagle", "--positions", "0"], "--positions must be >= 1"),
     ]
     for args, message in cases:
         assert main(args) == 2, args

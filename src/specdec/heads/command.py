@@ -148,6 +148,12 @@ def add_parser(commands, parser_class) -> None:
         help="EAGLE: drafting steps rehearsed per position, each on the layer's own previous "
         "prediction (EAGLE-3's training-time test; default: 1, EAGLE-1's single step)",
     )
+    train.add_argument(
+        "--learning-rate",
+        type=float,
+        help="AdamW's peak learning rate, reached after a short warmup and decayed linearly "
+        "to a tenth over the budget (default: 5e-4 for EAGLE, 1e-3 for Medusa)",
+    )
     train.add_argument("--restart", action="store_true", help="discard a checkpoint, start over")
     _common(train)
 
@@ -225,6 +231,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.heads_command == "list":
         return _list(args)
+    from specdec.heads import evaluate, train
+
+    # arguments are checked before the target loads (seconds): a bad value costs one line
+    {"data": check_data_args, "train": train.check_args, "eval": evaluate.check_args}[
+        args.heads_command
+    ](args)
     from specdec.cli_output import progress_bar
     from specdec.heads import store
     from specdec.heads.fingerprint import target_fingerprint
@@ -242,17 +254,12 @@ def run(args: argparse.Namespace) -> int:
         if args.heads_command == "data":
             return _data(args, target, fingerprint, data_dir, progress)
         if args.heads_command == "train":
-            from specdec.heads import train
-
             return train.run_command(args, target, fingerprint, data_dir, entry, progress)
-        from specdec.heads import evaluate
-
         return evaluate.run_command(args, target, fingerprint, data_dir, entry, progress)
 
 
-def _data(args, target, fingerprint, data_dir, progress) -> int:
-    from specdec.heads import data
-
+def check_data_args(args: argparse.Namespace) -> None:
+    """``specdec heads data``'s own arguments (checked before the target loads)."""
     if args.length < 16:
         raise ValueError(f"--length must be >= 16, got {args.length}")
     if args.minutes <= 0:
@@ -265,6 +272,11 @@ def _data(args, target, fingerprint, data_dir, progress) -> int:
         raise ValueError(f"--reply-tokens must be >= 1, got {args.reply_tokens}")
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
+
+
+def _data(args, target, fingerprint, data_dir, progress) -> int:
+    from specdec.heads import data
+
     files: list[Path] = []
     documents = None
     if args.chat_prompts or args.chat:

@@ -158,14 +158,19 @@ def summarize(agree: Agreement, timing: dict, max_k: int) -> dict:
     }
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """``specdec heads eval``'s own arguments (checked before the target loads)."""
+    if not 1 <= args.max_k <= 16:
+        raise ValueError(f"--max-k must be in 1..16, got {args.max_k}")
+    if args.positions < 1:
+        raise ValueError(f"--positions must be >= 1, got {args.positions}")
+
+
 def run_command(
     args: argparse.Namespace, target, fingerprint: str, data_dir: Path, entry: Path, progress
 ) -> int:
-    if not 1 <= args.max_k <= 16:
-        raise ValueError(f"--max-k must be in 1..16, got {args.max_k}")
+    """``specdec heads eval`` (``check_args`` has passed)."""
     max_k = args.max_k
-    if args.positions < 1:
-        raise ValueError(f"--positions must be >= 1, got {args.positions}")
     label = args.kind
     if args.kind == "model":
         from specdec.cli import draft_runtime, trim_draft

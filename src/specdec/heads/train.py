@@ -221,6 +221,7 @@ def train(
     spent_before = 60.0 * record["minutes"]
     generator = torch.Generator().manual_seed(record["steps"])
     record["precision"] = training_precision(precision)
+    record["learning_rate"] = lr
     if config.kind == "eagle":
         record["unroll"] = unroll
         record["distill_every"] = distill_every
@@ -292,10 +293,8 @@ def _save_checkpoint(path: Path, net, optimizer, record: dict, config: HeadsConf
     os.replace(tmp, path)
 
 
-def run_command(
-    args: argparse.Namespace, target, fingerprint: str, data_dir: Path, entry: Path, progress
-) -> int:
-    """``specdec heads train``."""
+def check_args(args: argparse.Namespace) -> None:
+    """``specdec heads train``'s own arguments (checked before the target loads)."""
     if args.minutes <= 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
     if args.vocab_size < 16:
@@ -310,8 +309,16 @@ def run_command(
         raise ValueError(f"--distill-every must be in 1..64, got {args.distill_every}")
     if args.distill_every > 1 and args.kind != "eagle":
         raise ValueError("--distill-every is for EAGLE (Medusa's heads learn by distilling alone)")
+    if args.learning_rate is not None and not 0 < args.learning_rate <= 0.1:
+        raise ValueError(f"--learning-rate must be in (0, 0.1], got {args.learning_rate}")
     if args.distill_weight < 0:
         raise ValueError(f"--distill-weight must be >= 0, got {args.distill_weight}")
+
+
+def run_command(
+    args: argparse.Namespace, target, fingerprint: str, data_dir: Path, entry: Path, progress
+) -> int:
+    """``specdec heads train`` (``check_args`` has passed)."""
     train_set, _, manifest = data.load(data_dir, fingerprint)
     if train_set.tokens.shape[1] < args.num_heads + 2:
         raise ValueError(f"{data_dir}: chunks too short to train heads")
@@ -360,6 +367,7 @@ def run_command(
         checkpoint,
         state,
         progress,
+        learning_rate=args.learning_rate,
         distill_weight=args.distill_weight,
         precision=args.precision,
         unroll=args.unroll,
