@@ -384,6 +384,30 @@ def test_heads_cli_errors_are_one_line(tmp_path, model_dir, capsys, monkeypatch)
         assert message in err and err.count("\n") == 1, err
 
 
+def test_a_budget_too_small_to_train_is_one_line_and_loses_nothing(
+    tmp_path, model_dir, capsys, monkeypatch
+):
+    """Fewer steps than the warm-up are not saved as trained heads: one line, exit 2, and a
+    rerun with more minutes continues from those steps (the checkpoint keeps them)."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    common = ["--target", str(model_dir), "--dtype", "float32"]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the cat sat on the mat. a dog ran far.\n" * 40)
+    data = ["heads", "data", "--corpus", str(corpus), "--suffix", ".txt", "--length", "32"]
+    assert main([*data, *common]) == 0
+    capsys.readouterr()
+    train = ["heads", "train", "--kind", "medusa", *common]
+    assert main([*train, "--minutes", "0.00001"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress line
+    assert last.startswith("specdec: error: ") and "step" in last and "too few" in last, last
+    assert not list((tmp_path / "cache" / "heads").glob("*/medusa/config.json"))
+    assert main(["heads", "eval", "--kind", "medusa", *common]) == 2
+    assert "no medusa heads trained" in capsys.readouterr().err
+    assert main([*train, "--minutes", "0.03"]) == 0
+    assert "continuing from a checkpoint" in capsys.readouterr().err
+
+
 def test_heads_arguments_are_checked_before_the_target_loads(tmp_path, capsys, monkeypatch):
     """A bad value of a subcommand's own argument is one line at once, not after the
     seconds a target takes to load (and to be timed, for --dtype auto)."""

@@ -35,6 +35,7 @@ from specdec.vocab import top_tokens
 
 CHECKPOINT_EVERY = 60.0  # seconds
 WARMUP_STEPS = 30
+MIN_STEPS = WARMUP_STEPS  # fewer never reach the full learning rate: not saved as trained
 SPECIAL_SLACK = 64  # room for special tokens beyond --vocab-size
 DISTILL_WEIGHT = 0.1  # EAGLE: weight of the distillation term next to the regression
 LATER_DISTILL_EVERY = 4  # EAGLE unrolled: distill steps 2+ on every 4th chain (cost)
@@ -373,6 +374,14 @@ def run_command(
         unroll=args.unroll,
         distill_every=args.distill_every,
     )
+    if record["steps"] < MIN_STEPS:  # the checkpoint keeps them: a rerun adds to it
+        per_step = 60.0 * record["minutes"] / max(1, record["steps"])
+        raise ValueError(
+            f"{record['steps']} training step{'' if record['steps'] == 1 else 's'} in "
+            f"{record['minutes']:.2f} min {'is' if record['steps'] == 1 else 'are'} too few to "
+            f"train {args.kind} heads (at least {MIN_STEPS}; a step takes {per_step:.2g} s "
+            "here): run again with more --minutes, which continues from this run's checkpoint"
+        )
     trained = HeadsConfig.from_dict(
         config.to_dict()
         | {
