@@ -184,6 +184,28 @@ def test_training_precision_is_as_asked_and_recorded(target_model):
         training_precision("float16")
 
 
+def test_step_settings_default_by_the_training_precision(capsys):
+    """Without --vocab-size / --distill-every, float32 training (CPUs without native
+    bfloat16) scores 16,384 tokens and EAGLE distils every 4th position, and says so; in
+    bfloat16 the defaults stay 32,768 and every position. Given values are kept."""
+    from argparse import Namespace
+
+    from specdec.heads.train import step_settings
+
+    def settings(kind, precision, vocab_size=None, distill_every=None):
+        args = Namespace(
+            kind=kind, precision=precision, vocab_size=vocab_size, distill_every=distill_every
+        )
+        return step_settings(args), capsys.readouterr().err
+
+    (eagle, said) = settings("eagle", "float32")
+    assert eagle == (16384, 4) and "16384 most frequent tokens and distil on every 4th" in said
+    assert settings("medusa", "float32")[0] == (16384, 1)
+    assert settings("eagle", "bfloat16") == ((32768, 1), "")
+    assert settings("eagle", "float32", 32768, 1) == ((32768, 1), "")
+    assert settings("eagle", "bfloat16", 20000, 2) == ((20000, 2), "")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_save_load_round_trip_and_refusals(tmp_path, target_model, trained, kind):
     heads, _ = trained[kind]

@@ -42,6 +42,12 @@ LATER_DISTILL_EVERY = 4  # EAGLE unrolled: distill steps 2+ on every 4th chain (
 
 
 PRECISIONS = ("auto", "bfloat16", "float32")
+# Defaults by the precision training runs in. In float32 (a CPU without native bfloat16) the
+# output layer is most of a step: 16,384 rows, distilled on every 4th position, gave 2.8x
+# the steps of 32,768 rows on all of them and better drafts held out after the same 12
+# minutes (first draft accepted 0.375 against 0.289; docs/heads.md, "Cheaper steps").
+DEFAULT_VOCAB_SIZE = {"bfloat16": 32768, "float32": 16384}
+DEFAULT_DISTILL_EVERY = {"bfloat16": 1, "float32": 4}  # EAGLE; Medusa always distils all
 
 
 def bf16_native() -> bool:
@@ -298,7 +304,7 @@ def check_args(args: argparse.Namespace) -> None:
     """``specdec heads train``'s own arguments (checked before the target loads)."""
     if args.minutes <= 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
-    if args.vocab_size < 16:
+    if args.vocab_size is not None and args.vocab_size < 16:
         raise ValueError(f"--vocab-size must be >= 16, got {args.vocab_size}")
     if not 1 <= args.num_heads <= 16:
         raise ValueError(f"--num-heads must be in 1..16, got {args.num_heads}")
@@ -306,9 +312,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--unroll must be in 1..8, got {args.unroll}")
     if args.unroll > 1 and args.kind != "eagle":
         raise ValueError("--unroll is for EAGLE (Medusa's heads do not draft on their own output)")
-    if not 1 <= args.distill_every <= 64:
+    if args.distill_every is not None and not 1 <= args.distill_every <= 64:
         raise ValueError(f"--distill-every must be in 1..64, got {args.distill_every}")
-    if args.distill_every > 1 and args.kind != "eagle":
+    if (args.distill_every or 1) > 1 and args.kind != "eagle":
         raise ValueError("--distill-every is for EAGLE (Medusa's heads learn by distilling alone)")
     if args.learning_rate is not None and not 0 < args.learning_rate <= 0.1:
         raise ValueError(f"--learning-rate must be in (0, 0.1], got {args.learning_rate}")
@@ -316,11 +322,28 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--distill-weight must be >= 0, got {args.distill_weight}")
 
 
+def step_settings(args: argparse.Namespace) -> tuple[int, int]:
+    """(vocabulary size, distill every) as asked, else the defaults for the precision
+    training runs in here; says so on stderr when a float32 default applies."""
+    precision = training_precision(args.precision)
+    vocab_size = args.vocab_size or DEFAULT_VOCAB_SIZE[precision]
+    every = args.distill_every or (DEFAULT_DISTILL_EVERY[precision] if args.kind == "eagle" else 1)
+    if precision == "float32" and (args.vocab_size is None or args.distill_every is None):
+        distil = f" and distil on every {every}th position" if every > 1 else ""
+        sys.stderr.write(
+            f"training in float32 (no native bfloat16 here): the heads score the {vocab_size} "
+            f"most frequent tokens{distil}, which trains faster on such a CPU "
+            "(--vocab-size, --distill-every to change)\n"
+        )
+    return vocab_size, every
+
+
 def run_command(
     args: argparse.Namespace, target, fingerprint: str, data_dir: Path, entry: Path, progress
 ) -> int:
     """``specdec heads train`` (``check_args`` has passed)."""
     train_set, _, manifest = data.load(data_dir, fingerprint)
+    vocab_size, distill_every = step_settings(args)
     if train_set.tokens.shape[1] < args.num_heads + 2:
         raise ValueError(f"{data_dir}: chunks too short to train heads")
     checkpoint = entry / f".{args.kind}.checkpoint.pt"
@@ -347,9 +370,7 @@ def run_command(
             fingerprint=fingerprint,
             hidden_size=target.hidden_size,
             vocab_size=target.vocab_size,
-            token_ids=trimmed_vocabulary(
-                train_set.tokens, args.vocab_size, special, target.vocab_size
-            ),
+            token_ids=trimmed_vocabulary(train_set.tokens, vocab_size, special, target.vocab_size),
             num_heads=args.num_heads,
             intermediate_size=args.intermediate_size,
             target_config=target.model.config.to_dict() if args.kind == "eagle" else {},
@@ -372,7 +393,7 @@ def run_command(
         distill_weight=args.distill_weight,
         precision=args.precision,
         unroll=args.unroll,
-        distill_every=args.distill_every,
+        distill_every=distill_every,
     )
     if record["steps"] < MIN_STEPS:  # the checkpoint keeps them: a rerun adds to it
         per_step = 60.0 * record["minutes"] / max(1, record["steps"])
