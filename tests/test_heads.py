@@ -199,7 +199,12 @@ def test_step_settings_default_by_the_training_precision(capsys):
         return step_settings(args), capsys.readouterr().err
 
     (eagle, said) = settings("eagle", "float32")
-    assert eagle == (16384, 4) and "16384 most frequent tokens and distil on every 4th" in said
+    assert eagle == (16384, 4)
+    assert "16384 most frequent tokens and EAGLE distils on every 4th position" in said
+    args = Namespace(kind="eagle", precision="float32", vocab_size=None, distill_every=None)
+    assert step_settings(args, continuing=True) == (16384, 4)  # the checkpoint's vocabulary
+    continued = capsys.readouterr().err
+    assert "every 4th position" in continued and "tokens" not in continued, continued
     assert settings("medusa", "float32")[0] == (16384, 1)
     assert settings("eagle", "bfloat16") == ((32768, 1), "")
     assert settings("eagle", "float32", 32768, 1) == ((32768, 1), "")

@@ -322,18 +322,22 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--distill-weight must be >= 0, got {args.distill_weight}")
 
 
-def step_settings(args: argparse.Namespace) -> tuple[int, int]:
+def step_settings(args: argparse.Namespace, continuing: bool = False) -> tuple[int, int]:
     """(vocabulary size, distill every) as asked, else the defaults for the precision
-    training runs in here; says so on stderr when a float32 default applies."""
+    training runs in here; says so on stderr when a float32 default applies. The
+    vocabulary of heads ``continuing`` from a checkpoint is the checkpoint's (not reported)."""
     precision = training_precision(args.precision)
     vocab_size = args.vocab_size or DEFAULT_VOCAB_SIZE[precision]
     every = args.distill_every or (DEFAULT_DISTILL_EVERY[precision] if args.kind == "eagle" else 1)
-    if precision == "float32" and (args.vocab_size is None or args.distill_every is None):
-        distil = f" and distil on every {every}th position" if every > 1 else ""
+    defaults = []
+    if args.vocab_size is None and not continuing:
+        defaults.append(f"the heads score the {vocab_size} most frequent tokens")
+    if args.distill_every is None and every > 1:
+        defaults.append(f"EAGLE distils on every {every}th position")
+    if precision == "float32" and defaults:
         sys.stderr.write(
-            f"training in float32 (no native bfloat16 here): the heads score the {vocab_size} "
-            f"most frequent tokens{distil}, which trains faster on such a CPU "
-            "(--vocab-size, --distill-every to change)\n"
+            f"training in float32 (no native bfloat16 here): {' and '.join(defaults)}, which "
+            "trains faster on such a CPU (--vocab-size, --distill-every to change)\n"
         )
     return vocab_size, every
 
@@ -343,7 +347,6 @@ def run_command(
 ) -> int:
     """``specdec heads train`` (``check_args`` has passed)."""
     train_set, _, manifest = data.load(data_dir, fingerprint)
-    vocab_size, distill_every = step_settings(args)
     if train_set.tokens.shape[1] < args.num_heads + 2:
         raise ValueError(f"{data_dir}: chunks too short to train heads")
     checkpoint = entry / f".{args.kind}.checkpoint.pt"
@@ -353,11 +356,13 @@ def run_command(
             state = torch.load(checkpoint, weights_only=True)
         except (OSError, RuntimeError, EOFError, ValueError):
             sys.stderr.write(f"{checkpoint}: unreadable checkpoint, starting over\n")
+    vocab_size, distill_every = step_settings(args, continuing=state is not None)
     if state is not None:
         config = HeadsConfig.from_dict(state["config"])
         sys.stderr.write(
             f"continuing from a checkpoint: {state['record']['steps']} steps, "
-            f"{state['record']['minutes']:.1f} min so far (--restart to start over)\n"
+            f"{state['record']['minutes']:.1f} min so far, {config.vocab_count} tokens scored "
+            "(--restart to start over, for another --vocab-size)\n"
         )
     else:
         special = sorted(
