@@ -401,12 +401,13 @@ def run_command(
         distill_every=distill_every,
     )
     if record["steps"] < MIN_STEPS:  # the checkpoint keeps them: a rerun adds to it
-        per_step = 60.0 * record["minutes"] / max(1, record["steps"])
+        steps = record["steps"]
+        pace = f"; a step takes {60.0 * record['minutes'] / steps:.2g} s here" if steps else ""
         raise ValueError(
-            f"{record['steps']} training step{'' if record['steps'] == 1 else 's'} in "
-            f"{record['minutes']:.2f} min {'is' if record['steps'] == 1 else 'are'} too few to "
-            f"train {args.kind} heads (at least {MIN_STEPS}; a step takes {per_step:.2g} s "
-            "here): run again with more --minutes, which continues from this run's checkpoint"
+            f"{steps} training step{'' if steps == 1 else 's'} in {record['minutes']:.2f} min "
+            f"{'is' if steps == 1 else 'are'} too few to train {args.kind} heads (at least "
+            f"{MIN_STEPS}{pace}): run again with more --minutes, which continues from this "
+            "run's checkpoint"
         )
     trained = HeadsConfig.from_dict(
         config.to_dict()
