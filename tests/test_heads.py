@@ -201,6 +201,7 @@ def test_step_settings_default_by_the_training_precision(capsys):
     (eagle, said) = settings("eagle", "float32")
     assert eagle == (16384, 4)
     assert "16384 most frequent tokens and EAGLE distils on every 4th position" in said
+    assert "(as asked)" in said  # --precision float32 given, whatever this CPU has
     args = Namespace(kind="eagle", precision="float32", vocab_size=None, distill_every=None)
     assert step_settings(args, continuing=True) == (16384, 4)  # the checkpoint's vocabulary
     continued = capsys.readouterr().err

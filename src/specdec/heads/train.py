@@ -335,9 +335,10 @@ def step_settings(args: argparse.Namespace, continuing: bool = False) -> tuple[i
     if args.distill_every is None and every > 1:
         defaults.append(f"EAGLE distils on every {every}th position")
     if precision == "float32" and defaults:
+        why = "no native bfloat16 here" if args.precision == "auto" else "as asked"
         sys.stderr.write(
-            f"training in float32 (no native bfloat16 here): {' and '.join(defaults)}, which "
-            "trains faster on such a CPU (--vocab-size, --distill-every to change)\n"
+            f"training in float32 ({why}): {' and '.join(defaults)}, which trains faster in "
+            "float32 (--vocab-size, --distill-every to change)\n"
         )
     return vocab_size, every
 
