@@ -333,7 +333,7 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
     assert main(["heads", "list"]) == 0
     listing = capsys.readouterr().out
     assert "medusa" in listing and "eagle" in listing and "predicted speedup" in listing
-    assert "min, unroll 2" in listing  # the EAGLE head trained with --unroll 2
+    assert f"min ({training_precision()}), unroll 2" in listing  # EAGLE with --unroll 2
 
     outputs = {}
     for drafter in ("none", "medusa", "lookup+eagle"):

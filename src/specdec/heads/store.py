@@ -133,6 +133,7 @@ def list_entries(cache_dir: str | None) -> list[str]:
                 f"{entry.name}: {kind}, {config.get('vocab_count')} tokens scored, "
                 f"{trained.get('tokens_seen', '?')} tokens seen in "
                 f"{trained.get('minutes', 0):.1f} min"
+                + (f" ({trained['precision']})" if "precision" in trained else "")
                 + (f", unroll {trained['unroll']}" if trained.get("unroll", 1) > 1 else "")
                 + "".join(
                     _eval_summary(result, runtime)
