@@ -1,11 +1,16 @@
 #!/bin/bash
 # $1 = learning rate, $2 = tag
-cd /work/main
+# DATA: a heads data directory (here: 65,024 tokens of code and chat replies, int4 target);
+# COPIES: where each trained head is copied before the next run overwrites the cache.
+cd "$(git rev-parse --show-toplevel)"
+DATA=${DATA:?set DATA to a heads data directory}
+COPIES=${COPIES:-$HOME/heads-runs}
+mkdir -p "$COPIES"
 export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 date
-specdec heads train --kind eagle --minutes 12 --restart --vocab-size 16384 --distill-every 4 --precision float32 --data /work/data --learning-rate $1 2>&1 | tail -3
+specdec heads train --kind eagle --minutes 12 --restart --vocab-size 16384 --distill-every 4 --precision float32 --data "$DATA" --learning-rate $1 2>&1 | tail -3
 E=$(ls -d ~/.cache/specdec/heads/*/)
-cp -r $E/eagle /work/eagle-$2
+cp -r $E/eagle "$COPIES"/eagle-$2
 date
-specdec heads eval --kind eagle --max-k 4 --positions 400 --data /work/data 2>&1 | tail -25
+specdec heads eval --kind eagle --max-k 4 --positions 400 --data "$DATA" 2>&1 | tail -25
 date
