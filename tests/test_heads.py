@@ -76,6 +76,45 @@ def test_one_hook_however_many_backends(target_model):
 # ---- drafting --------------------------------------------------------------------------
 
 
+def test_settings_a_checkpoint_was_not_started_with_are_refused(tmp_path):
+    """Continuing cannot change the heads' shape: a --vocab-size, --num-heads (Medusa) or
+    --intermediate-size (EAGLE) other than the checkpoint's is refused, one the same or
+    left out is not."""
+    from argparse import Namespace
+
+    from specdec.heads.nets import HeadsConfig
+    from specdec.heads.train import check_continuing
+
+    config = HeadsConfig(
+        kind="eagle",
+        fingerprint="f",
+        hidden_size=8,
+        vocab_size=151936,
+        token_ids=list(range(16384 + 5)),  # 16,384 asked, 5 special tokens beyond them
+        intermediate_size=2048,
+    )
+
+    def check(vocab_size=None, num_heads=None, intermediate_size=None, kind="eagle"):
+        args = Namespace(
+            kind=kind,
+            vocab_size=vocab_size,
+            num_heads=num_heads,
+            intermediate_size=intermediate_size,
+        )
+        check_continuing(args, config, tmp_path / ".eagle.checkpoint.pt")
+
+    check()
+    check(vocab_size=16384, intermediate_size=2048, num_heads=7)  # heads: Medusa's only
+    with pytest.raises(ValueError, match="--vocab-size 32768 \\(it scores 16389 tokens\\)"):
+        check(vocab_size=32768)
+    with pytest.raises(
+        ValueError, match="--vocab-size 8000 .*--intermediate-size 4096 .*--restart"
+    ):
+        check(vocab_size=8000, intermediate_size=4096)
+    with pytest.raises(ValueError, match="--num-heads 3 \\(it has 4\\)"):
+        check(num_heads=3, kind="medusa")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("k", range(1, 9))
 def test_greedy_with_heads_equals_plain(target_model, trained, kind, k):
@@ -432,6 +471,11 @@ def test_a_budget_too_small_to_train_is_one_line_and_loses_nothing(
     assert not list((tmp_path / "cache" / "heads").glob("*/medusa/config.json"))
     assert main(["heads", "eval", "--kind", "medusa", *common]) == 2
     assert "no medusa heads trained" in capsys.readouterr().err
+    # settings the checkpoint was not started with: refused, not ignored; nothing lost
+    assert main([*train, "--minutes", "0.03", "--num-heads", "3"]) == 2
+    said = capsys.readouterr().err
+    assert "--num-heads 3 (it has 4)" in said, said
+    assert "--restart" in said and said.count("\n") == 1, said
     assert main([*train, "--minutes", "0.03"]) == 0
     assert "continuing from a checkpoint" in capsys.readouterr().err
 

@@ -111,13 +111,10 @@ def add_parser(commands, parser_class) -> None:
         "of a step)",
     )
     train.add_argument(
-        "--num-heads", type=int, default=4, help="Medusa: heads, i.e. the longest draft (4)"
+        "--num-heads", type=int, help="Medusa: heads, i.e. the longest draft (default: 4)"
     )
     train.add_argument(
-        "--intermediate-size",
-        type=int,
-        default=4096,
-        help="EAGLE: width of its layer's MLP (default: 4096)",
+        "--intermediate-size", type=int, help="EAGLE: width of its layer's MLP (default: 4096)"
     )
     train.add_argument(
         "--distill-weight",

@@ -306,8 +306,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
     if args.vocab_size is not None and args.vocab_size < 16:
         raise ValueError(f"--vocab-size must be >= 16, got {args.vocab_size}")
-    if not 1 <= args.num_heads <= 16:
+    if args.num_heads is not None and not 1 <= args.num_heads <= 16:
         raise ValueError(f"--num-heads must be in 1..16, got {args.num_heads}")
+    if args.intermediate_size is not None and not 16 <= args.intermediate_size <= 65536:
+        raise ValueError(f"--intermediate-size must be in 16..65536, got {args.intermediate_size}")
     if not 1 <= args.unroll <= 8:
         raise ValueError(f"--unroll must be in 1..8, got {args.unroll}")
     if args.unroll > 1 and args.kind != "eagle":
@@ -320,6 +322,28 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--learning-rate must be in (0, 0.1], got {args.learning_rate}")
     if args.distill_weight < 0:
         raise ValueError(f"--distill-weight must be >= 0, got {args.distill_weight}")
+
+
+def check_continuing(args: argparse.Namespace, config: HeadsConfig, checkpoint: Path) -> None:
+    """Refuse shape settings given for this run that the checkpoint it would continue was
+    started without (they cannot change mid-training: continuing would ignore them)."""
+    differ = []
+    count, asked = config.vocab_count, args.vocab_size
+    # N asked gives N tokens (all of a smaller vocabulary) and up to SPECIAL_SLACK specials
+    if asked is not None and not min(asked, config.vocab_size) <= count <= asked + SPECIAL_SLACK:
+        differ.append(f"--vocab-size {args.vocab_size} (it scores {count} tokens)")
+    if args.kind == "medusa" and args.num_heads not in (None, config.num_heads):
+        differ.append(f"--num-heads {args.num_heads} (it has {config.num_heads})")
+    if args.kind == "eagle" and args.intermediate_size not in (None, config.intermediate_size):
+        differ.append(
+            f"--intermediate-size {args.intermediate_size} (it has {config.intermediate_size})"
+        )
+    if differ:
+        raise ValueError(
+            f"{checkpoint}: the checkpoint this run would continue was started otherwise: "
+            f"{'; '.join(differ)}. Add --restart to start over with these settings, or leave "
+            "them out to continue (the checkpoint is kept)"
+        )
 
 
 def step_settings(args: argparse.Namespace, continuing: bool = False) -> tuple[int, int]:
@@ -348,7 +372,8 @@ def run_command(
 ) -> int:
     """``specdec heads train`` (``check_args`` has passed)."""
     train_set, _, manifest = data.load(data_dir, fingerprint)
-    if train_set.tokens.shape[1] < args.num_heads + 2:
+    num_heads = args.num_heads or HeadsConfig.num_heads
+    if train_set.tokens.shape[1] < num_heads + 2:
         raise ValueError(f"{data_dir}: chunks too short to train heads")
     checkpoint = entry / f".{args.kind}.checkpoint.pt"
     state = None
@@ -360,10 +385,11 @@ def run_command(
     vocab_size, distill_every = step_settings(args, continuing=state is not None)
     if state is not None:
         config = HeadsConfig.from_dict(state["config"])
+        check_continuing(args, config, checkpoint)
         sys.stderr.write(
             f"continuing from a checkpoint: {state['record']['steps']} steps, "
             f"{state['record']['minutes']:.1f} min so far, {config.vocab_count} tokens scored "
-            "(--restart to start over, for another --vocab-size)\n"
+            "(--restart to start over)\n"
         )
     else:
         special = sorted(
@@ -377,8 +403,8 @@ def run_command(
             hidden_size=target.hidden_size,
             vocab_size=target.vocab_size,
             token_ids=trimmed_vocabulary(train_set.tokens, vocab_size, special, target.vocab_size),
-            num_heads=args.num_heads,
-            intermediate_size=args.intermediate_size,
+            num_heads=num_heads,
+            intermediate_size=args.intermediate_size or HeadsConfig.intermediate_size,
             target_config=target.model.config.to_dict() if args.kind == "eagle" else {},
         )
     net = build(config)
