@@ -4,7 +4,7 @@ python bench/int4_rows.py [--repeats 4] [--model NAME] [--path best|avx512|avx2|
 
 1. The whole model: a pass of 1, 4, 8, 16 and 32 new tokens after 128 cached ones, on the
    int4 and the int8 runtime, interleaved over ``--repeats`` rounds, medians (what decides
-   which runtime suits a server's batches; docs/runtime-search.md section 8).
+   which runtime suits a server's batches; docs/runtime-search.md section 9).
 2. The int4 linears alone (the output layer left out): one call per layer for 1..16 rows of
    random activations, medians over 6 rounds (the cost of an extra row of a verify pass).
 

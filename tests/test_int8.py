@@ -54,8 +54,11 @@ def _unfused(model, monkeypatch):
     ids=["tiny llama", "qwen2 at the 1.5B's layer sizes"],
 )
 def test_fused_projections_give_the_separate_layers_logits_bit_for_bit(build, monkeypatch):
+    from specdec.backends import int4
     from specdec.backends.int8_fused import FusedAttention, FusedMLP
 
+    # The row kernels take fused layers only: compared on the torch forms both can run.
+    monkeypatch.setattr(int4, "kernel_or_none", lambda: None)
     fused = make_int8_batch_invariant(build())
     kinds = {type(module) for module in fused.modules()}
     assert FusedAttention in kinds and FusedMLP in kinds
@@ -124,11 +127,19 @@ def test_token_by_token_ops_match_one_token_steps_at_every_thread_count(threads,
             assert torch.equal(wrapped(x), steps), f"{inner}, {rows} rows, {count} threads"
 
 
-@pytest.fixture(scope="module")
-def real_size_model():
+@pytest.fixture(scope="module", params=["row kernels", "torch forms"])
+def real_size_model(request):
+    """The int8 runtime as it runs where the int4 kernel builds (its row operations) and
+    where it does not (the torch forms above)."""
+    from specdec.backends import int4
     from specdec.doctor import real_size_int8_model
 
-    return real_size_int8_model()
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "torch forms":
+            patch.setattr(int4, "kernel_or_none", lambda: None)
+        model = real_size_int8_model()
+    assert int4.uses_row_kernels(model) == (request.param == "row kernels")
+    return model
 
 
 @pytest.mark.parametrize("count", THREADS)

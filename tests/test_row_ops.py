@@ -1,4 +1,5 @@
-"""The int4 runtime's row operations (``kernels/row_ops.cpp``) and its in-place KV caches:
+"""The int4 kernel's row operations (``kernels/row_ops.cpp``, which the int4 runtime and, where
+the kernel builds, the int8 runtime run) and their in-place KV caches:
 close to torch's arithmetic, every row the same bits in a block as alone at any thread count,
 and caches that grow and roll back without changing a number."""
 
@@ -125,6 +126,33 @@ def test_the_int4_model_runs_its_rows_in_the_kernel():
     assert uses_row_kernels(model)
     mlps = [module for module in model.modules() if type(module).__name__ == "FusedMLP"]
     assert mlps and all(mlp.row_kernels for mlp in mlps)
+
+
+@pytest.mark.parametrize("runtime", ["int8", "int4"])
+def test_a_batch_through_transformers_forward_gives_each_sequence_as_alone(runtime):
+    """Calling the model as transformers does, on a batch of equal-length sequences (the
+    statistical tests compute exact marginals so): every sequence's logits, bit for bit,
+    are those it gets alone."""
+    from specdec.backends.int8 import make_int8_batch_invariant
+
+    make = make_int8_batch_invariant if runtime == "int8" else make_int4_batch_invariant
+    model = make(tiny_llama(seed=0))
+    assert uses_row_kernels(model)
+    batch = torch.tensor([[5, 9, 2, 7, 7, 1], [3, 3, 8, 1, 30, 2], [12, 4, 4, 9, 0, 6]])
+    with torch.inference_mode():
+        together = model(input_ids=batch).logits
+        alone = torch.cat([model(input_ids=row[None]).logits for row in batch])
+    assert torch.equal(together, alone)
+
+
+def test_the_int8_model_runs_its_rows_in_the_kernel_where_it_builds(monkeypatch):
+    from specdec.backends.int8 import make_int8_batch_invariant
+
+    assert uses_row_kernels(make_int8_batch_invariant(tiny_llama(seed=0)))
+    monkeypatch.setattr(int4, "kernel_or_none", lambda: None)  # no compiler: the torch forms
+    model = make_int8_batch_invariant(tiny_llama(seed=0))
+    assert not uses_row_kernels(model)
+    assert HFModel(model)._lean is None
 
 
 def test_hfmodel_runs_the_lean_layer_loop_with_transformers_numbers():

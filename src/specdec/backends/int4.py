@@ -73,6 +73,18 @@ def kernel():
         return _kernel
 
 
+def kernel_or_none():
+    """The kernel where it builds here (compiled now if it is not yet: said in a line on
+    stderr), else None. For what runs with or without it (the int8 runtime's row
+    operations); a failed build is tried again on the next call."""
+    if not kernel_ready():
+        sys.stderr.write("specdec: compiling specdec's int4 kernel (once, about 20 s)\n")
+    try:
+        return kernel()
+    except KernelUnavailable:
+        return None
+
+
 def kernel_ready() -> bool:
     """Whether the kernel is loaded in this process or built in the cache already (so that
     loading it takes a moment, not a compile)."""
@@ -275,7 +287,7 @@ class RowRMSNorm(nn.Module):
 
 
 def use_row_kernels(model: nn.Module) -> nn.Module:
-    """Run an int4 model's norms, SiLU-gated products, rotary mix and attention in the
+    """Run an int4 or int8 model's norms, SiLU-gated products, rotary mix and attention in the
     kernel's row operations (one call per pass each, instead of some 1,000 small torch
     calls a step): plain RMS norms become ``RowRMSNorm``, fused attention and SiLU MLPs get
     the kernel. Call after ``finish_int8_model``; other modules keep the int8 runtime's

@@ -54,9 +54,13 @@ class FusedAttention(nn.Module):
         past + q, dim], each row over its own prefix  ->  [1, q, heads, dim]."""
         if not self.row_kernels:
             return row_invariant_sdpa(self, query, key, value, None, scaling=self.scaling)[0]
-        assert query.shape[0] == 1, "the row kernels take one sequence at a time"
-        rows = query[0].transpose(0, 1)  # [q, heads, dim]
-        return kernel().causal_attention(rows, key[0], value[0], self.scaling).unsqueeze(0)
+        attend = kernel().causal_attention  # one sequence at a time: rows [q, heads, dim]
+        return torch.stack(
+            [
+                attend(q.transpose(0, 1), k, v, self.scaling)
+                for q, k, v in zip(query, key, value, strict=True)
+            ]
+        )
 
     def forward(
         self,
@@ -96,17 +100,23 @@ class FusedAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """query, key, value  # [batch, heads, tokens, head_dim], query and key rotated."""
         per_head = (*hidden_states.shape[:-1], -1, self.head_dim)
-        if self.row_kernels:
-            assert hidden_states.shape[0] == 1, "the row kernels take one sequence at a time"
-            rows = self.qkv_proj(hidden_states)[0]  # [tokens, q + k + v]
+        if self.row_kernels:  # rows of every sequence at once: [batch * tokens, heads, dim]
+            batch, tokens = hidden_states.shape[:2]
+            rows = self.qkv_proj(hidden_states).reshape(batch * tokens, -1)
             query, key, value = (
-                part.reshape(rows.shape[0], -1, self.head_dim).contiguous()
+                part.reshape(batch * tokens, -1, self.head_dim).contiguous()
                 for part in rows.split(self.sizes, dim=-1)
             )
-            cos, sin = (t[0].contiguous() for t in position_embeddings)  # [tokens, head_dim]
+            cos, sin = (
+                t.expand(batch, tokens, -1).reshape(batch * tokens, -1).contiguous()
+                for t in position_embeddings
+            )
             kernel().rope_(query, cos, sin)
             kernel().rope_(key, cos, sin)
-            query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
+            query, key, value = (
+                t.reshape(batch, tokens, -1, self.head_dim).transpose(1, 2)
+                for t in (query, key, value)
+            )
             return query, key, value
         query, key, value = (
             part.reshape(per_head).transpose(1, 2)

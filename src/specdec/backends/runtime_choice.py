@@ -63,17 +63,18 @@ ISA_VARIABLES = (
 
 def machine_key(model: str, role: str = "draft") -> str:
     """What the verdict depends on: the CPU (and any ``ISA_VARIABLES`` set), the builds
-    (llama.cpp, torch, specdec's int4 kernel source), the interpreter, the model, the role."""
+    (llama.cpp, torch, specdec's int4 kernel source, the int8 runtime's form), the
+    interpreter, the model, the role."""
     import os
 
     import torch
 
-    from specdec.backends import int4
+    from specdec.backends import int4, int8
     from specdec.backends.probe import machine_key as llamacpp_machine
 
     held = ",".join(f"{name}={os.environ[name]}" for name in ISA_VARIABLES if os.environ.get(name))
     cpu = f"{llamacpp_machine()}|{held}" if held else llamacpp_machine()
-    key = f"{cpu}|torch {torch.__version__}|{int4.kernel_name()}|{model}"
+    key = f"{cpu}|torch {torch.__version__}|{int4.kernel_name()}|int8 form {int8.FORM}|{model}"
     return key if role == "draft" else f"{key}|{role}"
 
 
