@@ -157,3 +157,4 @@ def test_doctor_reports_the_check(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "CPU:" in out and "8 threads: ok" in out
+    assert "int8 runtime: norms, activation, rotary and attention on the int4 kernel's" in out

@@ -620,6 +620,12 @@ def _doctor() -> int:
             model = int4.make_int4_batch_invariant(doctor.real_size_model())
         else:
             model = doctor.real_size_int8_model()
+            form = (
+                "the int4 kernel's row operations"
+                if int4.uses_row_kernels(model)
+                else "torch's token-by-token forms (the int4 kernel did not build)"
+            )
+            out.write(f"int8 runtime: norms, activation, rotary and attention on {form}\n")
         out.write(
             f"{name} runtime, block pass == one-token steps (bit for bit), 1536/8960 layers:\n"
         )
