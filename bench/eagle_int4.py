@@ -1,12 +1,13 @@
-"""EAGLE beside the int4 target: its layer on int8 with a float32 ``fc`` (as beside an int8
-target) against the whole head on int4 (what ``load_heads`` does for an int4 target).
+"""EAGLE beside the int4 or int8 target: its layer on int8 with a float32 ``fc`` (where the
+int4 kernel does not build) against the whole head on int4 (what ``load_heads`` does where
+it builds, ``heads.load.eagle_on_int4``).
 
-python bench/eagle_int4.py [--prompts-per-workload 2] [--max-tokens 48]
+python bench/eagle_int4.py [--prompts-per-workload 2] [--max-tokens 48] [--target-runtime int4]
 
 Needs heads trained for the default target (``specdec heads train --kind eagle``). Decodes
 the shipped code and chat prompts greedily with k auto, plain and with each head form, and
 reports tokens/s, drafts accepted / drafted, milliseconds a draft (drafter seconds / drafted
-tokens) and whether each output equals plain int4 decoding.
+tokens) and whether each output equals plain decoding on the same target runtime.
 """
 
 from __future__ import annotations
@@ -29,13 +30,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompts-per-workload", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--target-runtime", choices=["int4", "int8"], default="int4")
     args = parser.parse_args()
-    target = load_backend(TARGET, "int4")
+    runtime = args.target_runtime
+    target = load_backend(TARGET, runtime)
     target.keep_hidden_states()
-    forms = {"int4 head": heads_load.load_heads("eagle", target, None, TARGET)}
-    with mock.patch.object(heads_load, "_on_int4", return_value=False):
+    with mock.patch.object(heads_load, "eagle_on_int4", return_value=True):
+        forms = {"int4 head": heads_load.load_heads("eagle", target, None, TARGET)}
+    with mock.patch.object(heads_load, "eagle_on_int4", return_value=False):
         forms["int8 layer, float32 fc"] = heads_load.load_heads("eagle", target, None, TARGET)
-    print(f"CPU: {cpu_name()}; python bench/eagle_int4.py")
+    print(
+        f"CPU: {cpu_name()}; python bench/eagle_int4.py --target-runtime {runtime} "
+        f"--prompts-per-workload {args.prompts_per_workload} --max-tokens {args.max_tokens}"
+    )
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     for workload in ("code", "chat"):
         text = resources.files("specdec.bench").joinpath(f"workloads/{workload}.jsonl")
@@ -44,7 +51,7 @@ def main() -> None:
             prompt = encode_prompt(target.tokenizer, item["prompt"], item["template"])
             plain = Engine(target).generate(prompt, params)
             rate = plain.stats.generated_tokens / plain.stats.total_seconds
-            print(f"{workload}: plain int4 {rate:.1f} tok/s")
+            print(f"{workload}: plain {runtime} {rate:.1f} tok/s")
             for name, heads in forms.items():
                 out = Engine(target, heads.drafter(target)).generate(
                     prompt, params, SpecConfig(k="auto")

@@ -281,32 +281,47 @@ def test_save_load_round_trip_and_refusals(tmp_path, target_model, trained, kind
         load_heads(kind, target, str(tmp_path), "tiny")
 
 
-def test_eagle_beside_an_int4_target_runs_on_int4_and_stays_exact(tmp_path, target_model, trained):
-    """Loaded for an int4 target, EAGLE's layer runs on the int4 row kernels and ``fc`` is
-    int4 too; greedy speculation still equals plain int4 decoding, every k."""
+@pytest.mark.parametrize("runtime", ["int4", "int8"])
+def test_eagle_beside_an_int4_or_int8_target_runs_on_int4_and_stays_exact(
+    tmp_path, target_model, trained, runtime, monkeypatch
+):
+    """Loaded for an int4 target, or an int8 one where the int4 kernel builds, EAGLE's layer
+    runs on the int4 row kernels and ``fc`` is int4 too (without the kernel, beside int8:
+    the layer's linears in int8, ``fc`` float32); greedy speculation still equals plain
+    decoding on the target's runtime, every k."""
     import copy
 
+    from specdec.backends import int4
     from specdec.backends.int4 import RowInt4Linear, make_int4_batch_invariant, uses_row_kernels
+    from specdec.backends.int8 import RowInt8Linear, make_int8_batch_invariant
 
     heads, _ = trained["eagle"]
-    int4_model = make_int4_batch_invariant(copy.deepcopy(target_model))
-    target = backend(int4_model)
-    fingerprint = target_fingerprint(int4_model)
-    entry = store.entry_dir(str(tmp_path), fingerprint, "tiny-int4")
+    make = make_int4_batch_invariant if runtime == "int4" else make_int8_batch_invariant
+    quantized = make(copy.deepcopy(target_model))
+    target = backend(quantized)
+    fingerprint = target_fingerprint(quantized)
+    entry = store.entry_dir(str(tmp_path), fingerprint, "tiny-quantized")
     store.save(
         entry,
         "eagle",
         heads.config.to_dict() | {"fingerprint": fingerprint},
         heads.net.state_dict(),
     )
-    loaded = load_heads("eagle", target, str(tmp_path), "tiny-int4")
+    if runtime == "int8":
+        with monkeypatch.context() as patch:
+            patch.setattr(int4, "kernel_or_none", lambda: None)  # no compiler here
+            without = load_heads("eagle", target, str(tmp_path), "tiny-quantized")
+        assert isinstance(without.net.fc, torch.nn.Linear)
+        assert not uses_row_kernels(without.net.body)
+        assert any(isinstance(m, RowInt8Linear) for m in without.net.body.modules())
+    loaded = load_heads("eagle", target, str(tmp_path), "tiny-quantized")
     assert isinstance(loaded.net.fc, RowInt4Linear) and uses_row_kernels(loaded.net.body)
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     drafted = 0
     for k in range(1, 6):
         for prompt in ([4], [7, 3] * 10):
-            expected = Engine(backend(int4_model)).generate(prompt, params).token_ids
-            target = backend(int4_model)
+            expected = Engine(backend(quantized)).generate(prompt, params).token_ids
+            target = backend(quantized)
             out = Engine(target, loaded.drafter(target)).generate(prompt, params, SpecConfig(k=k))
             assert out.token_ids == expected, f"k={k}"
             drafted += out.stats.drafted_tokens

@@ -53,9 +53,7 @@ def load_heads(kind: str, target, cache_dir: str | None = None, target_name: str
         net.load_state_dict(state)
     except RuntimeError as error:
         raise ValueError(f"{entry / kind}: heads do not fit their config ({error})") from None
-    net = quantize(
-        net, int4=config.kind == "eagle" and target_runtime(target.model) == "int4"
-    ).eval()
+    net = quantize(net, int4=config.kind == "eagle" and eagle_on_int4(target.model)).eval()
     output = TrimmedHead(target.model.get_output_embeddings(), config.token_ids, config.vocab_size)
     return Heads(config, net, output)
 
@@ -148,6 +146,18 @@ def _predicted(evals: dict[tuple[str, str], dict], runtime: str, entry) -> dict[
         and "predicted_speedup" in result
         and (kind == "model" or (entry / kind).is_dir())
     }
+
+
+def eagle_on_int4(model: nn.Module) -> bool:
+    """Whether an EAGLE head beside ``model`` runs on the int4 runtime (``quantize``): beside
+    an int4 target, and beside an int8 one wherever the int4 kernel builds (a draft needs no
+    particular numbers, only its own ``draft_probs``). Measured beside the int8 1.5B on the
+    AMD EPYC (`python bench/eagle_int4.py --target-runtime int8`): docs/heads.md, "EAGLE on
+    int4 beside an int8 target"."""
+    from specdec.backends import int4
+
+    runtime = target_runtime(model)
+    return runtime == "int4" or (runtime == "int8" and int4.kernel_or_none() is not None)
 
 
 def target_runtime(model: nn.Module) -> str:
