@@ -78,7 +78,10 @@ def kernel_or_none():
     stderr), else None. For what runs with or without it (the int8 runtime's row
     operations); a failed build is tried again on the next call."""
     if not kernel_ready():
-        sys.stderr.write("specdec: compiling specdec's int4 kernel (once, about 20 s)\n")
+        sys.stderr.write(
+            "specdec: compiling specdec's int4 kernel (once, about 20 s; the int8 runtime "
+            "runs its row operations too)\n"
+        )
     try:
         return kernel()
     except KernelUnavailable:
