@@ -45,7 +45,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 ATTENTION = "specdec_row_invariant_sdpa"
-# Raised when the runtime's operations change what a step costs (runtime choices measured
+# Bumped when the runtime's operations change what a step costs (runtime choices measured
 # before are then stale): 2 = the kernel's row operations where it builds.
 FORM = 2
 
