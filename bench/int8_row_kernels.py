@@ -21,8 +21,8 @@ import os
 import statistics
 import sys
 import time
+from unittest import mock
 
-import pytest
 import torch
 from int4_runtime import held_out_ids, print_costs, print_nll
 
@@ -56,8 +56,7 @@ def main() -> int:
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     print(f"CPU: {cpu_name()}; python bench/int8_row_kernels.py {' '.join(sys.argv[1:])}")
     rows = load_backend(args.model, "int8")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(int4, "kernel_or_none", lambda: None)
+    with mock.patch.object(int4, "kernel_or_none", return_value=None):  # as without a compiler
         forms = load_backend(args.model, "int8")
     assert int4.uses_row_kernels(rows.model) and not int4.uses_row_kernels(forms.model)
     backends = {"int8, torch forms": forms, "int8, row kernels": rows}
