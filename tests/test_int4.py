@@ -282,6 +282,30 @@ def test_a_failed_build_is_one_clear_error(monkeypatch, tmp_path):
         int4._build()
 
 
+def test_a_failed_build_is_tried_once_and_said_once(monkeypatch, tmp_path, capsys):
+    """Every int8 model load asks for the kernel (its row operations): where it cannot be
+    built, the build is tried once a process and the int8 runtime's fallback said once."""
+    from torch.utils import cpp_extension
+
+    builds = []
+
+    def no_compiler(**kwargs):
+        builds.append(kwargs["name"])
+        raise RuntimeError("Error building extension 'specdec_int4'\ng++: not found")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    monkeypatch.setattr(int4, "kernel_dir", lambda: tmp_path)
+    monkeypatch.setattr(int4, "_kernel", None)
+    monkeypatch.setattr(int4, "_failed", None)
+    assert int4.kernel_or_none() is None and int4.kernel_or_none() is None
+    with pytest.raises(int4.KernelUnavailable, match="g\\+\\+: not found"):
+        int4.kernel()
+    assert len(builds) == 1
+    err = capsys.readouterr().err
+    assert err.count("compiling specdec's int4 kernel") == 1, err
+    assert err.count("the int8 runtime runs torch's forms here: ") == 1, err
+
+
 def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next(monkeypatch, tmp_path):
     """torch's build lock is a plain file: a process killed while loading the kernel leaves
     it, and torch would then wait for it forever. _build clears it under its own OS lock."""

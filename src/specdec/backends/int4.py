@@ -44,6 +44,7 @@ PATHS = {0: "scalar", 1: "AVX2", 2: "AVX-512 VNNI"}
 
 _kernel = None
 _kernel_lock = threading.Lock()
+_failed: Exception | None = None  # this process's failed build: not tried again
 
 
 class KernelUnavailable(ModelError):
@@ -63,28 +64,38 @@ def kernel_dir() -> Path:
 
 def kernel():
     """The compiled kernel module, built on first use (about 20 s) into ``kernel_dir()``,
-    keyed by the source, torch and Python versions."""
-    global _kernel
+    keyed by the source, torch and Python versions. A build that failed is not tried again
+    in the same process (every int8 model load asks, ``kernel_or_none``)."""
+    global _kernel, _failed
     if _kernel is not None:  # every linear layer of every step asks: no lock once loaded
         return _kernel
     with _kernel_lock:
         if _kernel is None:
-            _kernel = _build()
+            if _failed is not None:
+                raise KernelUnavailable(str(_failed))
+            try:
+                _kernel = _build()
+            except KernelUnavailable as error:
+                _failed = error
+                raise
         return _kernel
 
 
 def kernel_or_none():
     """The kernel where it builds here (compiled now if it is not yet: said in a line on
-    stderr), else None. For what runs with or without it (the int8 runtime's row
-    operations); a failed build is tried again on the next call."""
-    if not kernel_ready():
+    stderr), else None, the failure said in a line once. For what runs with or without it
+    (the int8 runtime's row operations)."""
+    fresh = _failed is None
+    if fresh and not kernel_ready():
         sys.stderr.write(
             "specdec: compiling specdec's int4 kernel (once, about 20 s; the int8 runtime "
             "runs its row operations too)\n"
         )
     try:
         return kernel()
-    except KernelUnavailable:
+    except KernelUnavailable as error:
+        if fresh:
+            sys.stderr.write(f"specdec: the int8 runtime runs torch's forms here: {error}\n")
         return None
 
 
