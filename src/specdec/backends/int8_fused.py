@@ -55,12 +55,11 @@ class FusedAttention(nn.Module):
         if not self.row_kernels:
             return row_invariant_sdpa(self, query, key, value, None, scaling=self.scaling)[0]
         attend = kernel().causal_attention  # one sequence at a time: rows [q, heads, dim]
-        return torch.stack(
-            [
-                attend(q.transpose(0, 1), k, v, self.scaling)
-                for q, k, v in zip(query, key, value, strict=True)
-            ]
-        )
+        outs = [
+            attend(q.transpose(0, 1), k, v, self.scaling)
+            for q, k, v in zip(query, key, value, strict=True)
+        ]
+        return outs[0].unsqueeze(0) if len(outs) == 1 else torch.stack(outs)  # no copy for one
 
     def forward(
         self,
