@@ -1,4 +1,4 @@
-"""``specdec heads data|train|eval|list``: argument wiring, kept out of the main CLI."""
+"""``specdec heads data|train|eval|make|list``: argument wiring, kept out of the main CLI."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from specdec.heads.evaluate import POSITIONS_PER_CHUNK
+from specdec.heads.make import REPLY_TOKENS
 from specdec.heads.nets import KINDS
 from specdec.heads.train import PRECISIONS
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -199,6 +200,65 @@ def add_parser(commands, parser_class) -> None:
     )
     _common(evaluate)
 
+    making = sub.add_parser(
+        "make",
+        help="data, training and evaluation of one kind of heads within one time budget",
+        description="Make heads from nothing in one command: code data (the corpus), chat "
+        "data (the target's own replies), training and, for EAGLE, a last stretch at "
+        "distillation weight 1.0, within --minutes of data and training; then 'heads eval'. "
+        "The phases are the 'heads data' / 'heads train' commands each one prints, run with "
+        "the target loaded once; the budget is shared as in the recipes measured within 90 "
+        "minutes on 2 cores (EAGLE: 20% code data, 25% chat data, 40% + 15% training; a "
+        "phase that ends early leaves its time to the later ones). Interrupt and rerun to "
+        "continue; a make whose budget ran out continues with a larger --minutes.",
+    )
+    making.add_argument(
+        "--kind", choices=KINDS, default="eagle", help="which heads to make (default: eagle)"
+    )
+    making.add_argument(
+        "--minutes",
+        type=float,
+        default=90.0,
+        help="budget of data and training, the evaluation not counted (default: 90; on an "
+        "AVX-512 EPYC, 2 cores, the EAGLE recipe met the speed goals of docs/heads.md in "
+        "87.4 minutes; on an AVX2 EPYC 84 minutes made a weaker head)",
+    )
+    making.add_argument(
+        "--corpus",
+        nargs="+",
+        help="files or directories for the code data (default: the Python standard library)",
+    )
+    making.add_argument(
+        "--suffix", nargs="+", help="file suffixes to read under corpus directories (.py)"
+    )
+    making.add_argument(
+        "--chat-prompts",
+        metavar="FILE",
+        help="the chat data answers these prompts (as 'heads data --chat-prompts') instead of "
+        "the built-in ones",
+    )
+    making.add_argument(
+        "--no-chat",
+        action="store_true",
+        help="no chat data: the corpus alone (heads for code; its share goes to the others)",
+    )
+    making.add_argument(
+        "--reply-tokens",
+        type=int,
+        default=REPLY_TOKENS,
+        help=f"tokens of each chat reply at most (default: {REPLY_TOKENS}, the recipes')",
+    )
+    making.add_argument(
+        "--length", type=int, default=512, help="tokens per chunk of data (default: 512)"
+    )
+    making.add_argument(
+        "--restart",
+        action="store_true",
+        help="make the heads again from the start of the plan (data already collected stays "
+        "in the data directory and is added to; the heads are trained afresh)",
+    )
+    _common(making)
+
     listing = sub.add_parser("list", help="heads trained for each target in the cache")
     listing.add_argument(
         "--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
@@ -232,9 +292,12 @@ def run(args: argparse.Namespace) -> int:
     from specdec.heads import evaluate, train
 
     # arguments are checked before the target loads (seconds): a bad value costs one line
-    {"data": check_data_args, "train": train.check_args, "eval": evaluate.check_args}[
-        args.heads_command
-    ](args)
+    {
+        "data": check_data_args,
+        "train": train.check_args,
+        "eval": evaluate.check_args,
+        "make": check_make_args,
+    }[args.heads_command](args)
     from specdec.cli_output import progress_bar
     from specdec.heads import store
     from specdec.heads.fingerprint import target_fingerprint
@@ -251,6 +314,8 @@ def run(args: argparse.Namespace) -> int:
         data_dir = Path(args.data).expanduser() if args.data else entry / "data"
         if args.heads_command == "data":
             return _data(args, target, fingerprint, data_dir, progress)
+        if args.heads_command == "make":
+            return _make(args, target, fingerprint, data_dir, entry, progress)
         if args.heads_command == "train":
             return train.run_command(args, target, fingerprint, data_dir, entry, progress)
         return evaluate.run_command(args, target, fingerprint, data_dir, entry, progress)
@@ -270,6 +335,105 @@ def check_data_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--reply-tokens must be >= 1, got {args.reply_tokens}")
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
+
+
+def check_make_args(args: argparse.Namespace) -> None:
+    """``specdec heads make``'s own arguments (checked before the target loads)."""
+    if args.minutes <= 0:
+        raise ValueError(f"--minutes must be > 0, got {args.minutes}")
+    if args.no_chat and args.chat_prompts:
+        raise ValueError("give --no-chat or --chat-prompts, not both")
+    if args.reply_tokens < 1:
+        raise ValueError(f"--reply-tokens must be >= 1, got {args.reply_tokens}")
+    if args.length < 16:
+        raise ValueError(f"--length must be >= 16, got {args.length}")
+    for path in args.corpus or []:
+        if not Path(path).expanduser().exists():
+            raise ValueError(f"{path}: does not exist")
+    if args.chat_prompts and not Path(args.chat_prompts).expanduser().is_file():
+        raise ValueError(f"{args.chat_prompts}: no such file")
+
+
+def _make(args, target, fingerprint, data_dir, entry, progress) -> int:
+    """``specdec heads make``: its phases run as the commands they print."""
+    import shlex
+    import time
+
+    from specdec.cli import build_parser
+    from specdec.heads import evaluate, make, train
+
+    plan = make.phases(
+        args.kind,
+        args.corpus,
+        args.suffix,
+        not args.no_chat,
+        args.chat_prompts,
+        args.reply_tokens,
+        args.length,
+    )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = make.progress_path(data_dir, args.kind)
+    done = None if args.restart else make.Progress.load(path, args.kind)
+    state = done or make.Progress(args.kind)
+    if done is not None:
+        sys.stderr.write(
+            f"continuing a make of {args.kind} heads ({path}): "
+            f"{', '.join(done.done) or 'no phase'} done, "
+            f"{state.spent_in_budget(plan):.1f} of {args.minutes:g} minutes spent "
+            "(--restart to start over)\n"
+        )
+    if all(p.name in state.done for p in plan):
+        sys.stderr.write(f"{args.kind} heads are made (--restart to make them again)\n")
+        return 0
+    common = ["--target", args.target, "--dtype", args.dtype]
+    common += ["--data", args.data] if args.data else []
+    common += ["--cache-dir", args.cache_dir] if args.cache_dir else []
+    parser = build_parser()
+    for number, phase in enumerate(plan, 1):
+        if phase.name in state.done:
+            continue
+        argv = list(phase.argv)
+        if phase.share > 0:
+            minutes = make.minutes_for(plan, state, args.minutes, phase.name)
+            if minutes < 0.01:
+                raise ValueError(
+                    f"the budget of {args.minutes:g} minutes is spent "
+                    f"({state.spent_in_budget(plan):.1f}) before the {make.LABELS[phase.name]}: "
+                    "run again with more --minutes, which continues"
+                )
+            argv += ["--minutes", f"{minutes:.2f}"]
+        if phase.name == "train" and phase.name not in state.spent:
+            argv.append("--restart")  # a make's first training starts from nothing
+        sys.stderr.write(
+            f"[{number}/{len(plan)}] {make.LABELS[phase.name]}: specdec heads {shlex.join(argv)}\n"
+        )
+        phase_args = parser.parse_args(["heads", *argv, *common])
+        began = time.monotonic()
+        try:
+            if phase_args.heads_command == "data":
+                check_data_args(phase_args)
+                _data(phase_args, target, fingerprint, data_dir, progress)
+            elif phase_args.heads_command == "train":
+                train.check_args(phase_args)
+                train.run_command(phase_args, target, fingerprint, data_dir, entry, progress)
+            else:
+                evaluate.check_args(phase_args)
+                evaluate.run_command(phase_args, target, fingerprint, data_dir, entry, progress)
+        finally:
+            spent = state.spent.get(phase.name, 0.0) + (time.monotonic() - began) / 60.0
+            state.spent[phase.name] = round(spent, 3)
+            state.save(path)
+        state.done.append(phase.name)
+        state.save(path)
+    parts = ", ".join(
+        f"{make.LABELS[p.name]} {state.spent.get(p.name, 0.0):.1f} min" for p in plan if p.share > 0
+    )
+    sys.stderr.write(
+        f"made {args.kind} heads: {state.spent_in_budget(plan):.1f} minutes of data and "
+        f"training ({parts}), evaluated in {state.spent.get('eval', 0.0):.1f} min more; "
+        "'specdec heads list' shows them, --drafter auto uses them where predicted faster\n"
+    )
+    return 0
 
 
 def _data(args, target, fingerprint, data_dir, progress) -> int:
