@@ -96,6 +96,7 @@ def test_heads_make_end_to_end(tmp_path, model_dir, sources, capsys, monkeypatch
     assert "[3/5] training: specdec heads train --kind eagle --minutes" in err
     assert "--restart" in err  # the first training of a make starts from nothing
     assert "--distill-weight 1.0 --minutes" in err
+    assert err.count(f"--target {model_dir} --dtype float32\n") == 5  # each as it runs
     assert "made eagle heads: " in err
     entry = next((tmp_path / "cache" / "heads").glob("*/eagle")).parent
     assert (entry / "eagle" / "config.json").exists()
@@ -157,3 +158,40 @@ def test_heads_make_errors_are_one_line_before_the_target_loads(
         assert main(args) == 2, args
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+def test_a_spent_budget_skips_a_finished_share_and_stops_before_training(
+    tmp_path, model_dir, sources, capsys, monkeypatch
+):
+    """A phase interrupted at the end of its share is passed over while the later phases
+    have time; with the whole budget spent, a make stops in one line and continues when
+    given more minutes. (Training and evaluation are recorded, not run: the orchestration
+    is under test; the end-to-end test above runs them.)"""
+    from specdec.heads import evaluate, train
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    ran = []
+    monkeypatch.setattr(train, "run_command", lambda args, *rest: ran.append(args.minutes))
+    monkeypatch.setattr(evaluate, "run_command", lambda args, *rest: ran.append("eval"))
+    corpus, prompts = sources
+    args = [*_make_args(model_dir, corpus, prompts, 0.3), "--data", str(tmp_path / "data")]
+    path = make.progress_path(tmp_path / "data", "eagle")
+    path.parent.mkdir()
+    Progress("eagle", {"code": 0.3}, []).save(path)  # all of the budget, in code data
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "its share is spent" not in err and not ran  # nothing is left for anyone
+    assert "budget of 0.3 minutes is spent" in err and "more --minutes" in err
+    assert err.count("\n") == 2, err  # the line saying where it continues, and the error
+    # with more minutes it continues: code data gets the rest of its share (0.2 of 2.0)
+    assert main([*args, "--minutes", "2.0"]) == 0
+    err = capsys.readouterr().err
+    assert "[1/5] code data: specdec heads data" in err and "--minutes 0.10" in err
+    assert Progress.load(path, "eagle").done == ["code", "chat", "train", "finish", "eval"]
+    assert len(ran) == 3 and ran[-1] == "eval"
+    # its share already spent, with time left for the others: passed over
+    Progress("eagle", {"code": 0.5}, []).save(path)
+    assert main([*args, "--minutes", "2.0"]) == 0
+    err = capsys.readouterr().err
+    assert "code data: its share is spent" in err and "[1/5]" not in err
+    assert "[2/5] chat data" in err

@@ -385,9 +385,11 @@ def _make(args, target, fingerprint, data_dir, entry, progress) -> int:
     if all(p.name in state.done for p in plan):
         sys.stderr.write(f"{args.kind} heads are made (--restart to make them again)\n")
         return 0
-    common = ["--target", args.target, "--dtype", args.dtype]
-    common += ["--data", args.data] if args.data else []
-    common += ["--cache-dir", args.cache_dir] if args.cache_dir else []
+    # the phases' own options, shown as given (the target when not the default)
+    shown = [] if args.target == DEFAULT_TARGET else ["--target", args.target]
+    shown += ["--dtype", args.dtype]  # as resolved: the runtime the data and heads are for
+    shown += ["--data", args.data] if args.data else []
+    shown += ["--cache-dir", args.cache_dir] if args.cache_dir else []
     parser = build_parser()
     for number, phase in enumerate(plan, 1):
         if phase.name in state.done:
@@ -395,6 +397,12 @@ def _make(args, target, fingerprint, data_dir, entry, progress) -> int:
         argv = list(phase.argv)
         if phase.share > 0:
             minutes = make.minutes_for(plan, state, args.minutes, phase.name)
+            if minutes < 0.01 and state.spent_in_budget(plan) < args.minutes - 0.01:
+                # interrupted at the end of its share, with time left for the later phases
+                sys.stderr.write(f"{make.LABELS[phase.name]}: its share is spent\n")
+                state.done.append(phase.name)
+                state.save(path)
+                continue
             if minutes < 0.01:
                 raise ValueError(
                     f"the budget of {args.minutes:g} minutes is spent "
@@ -405,9 +413,10 @@ def _make(args, target, fingerprint, data_dir, entry, progress) -> int:
         if phase.name == "train" and phase.name not in state.spent:
             argv.append("--restart")  # a make's first training starts from nothing
         sys.stderr.write(
-            f"[{number}/{len(plan)}] {make.LABELS[phase.name]}: specdec heads {shlex.join(argv)}\n"
+            f"[{number}/{len(plan)}] {make.LABELS[phase.name]}: "
+            f"specdec heads {shlex.join([*argv, *shown])}\n"
         )
-        phase_args = parser.parse_args(["heads", *argv, *common])
+        phase_args = parser.parse_args(["heads", *argv, *shown])
         began = time.monotonic()
         try:
             if phase_args.heads_command == "data":
