@@ -1,6 +1,9 @@
 """``specdec heads make``: the plan's shares and the whole command on a tiny target."""
 
 import json
+import os
+import signal
+import time
 
 import pytest
 
@@ -123,8 +126,9 @@ def test_an_interrupted_make_continues_where_it_stopped(
 
     def interrupted(args, *rest):
         calls.append(args.restart)
-        if len(calls) == 1:
-            raise KeyboardInterrupt
+        if len(calls) == 1:  # terminated (a job killed, a timeout) while training
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the signal arrives at once; never reached
         return real(args, *rest)
 
     monkeypatch.setattr(train, "run_command", interrupted)
@@ -139,6 +143,7 @@ def test_an_interrupted_make_continues_where_it_stopped(
     assert "continuing a make of eagle heads" in err and "code, chat done" in err
     assert "[1/5]" not in err and "[3/5] training" in err
     assert calls == [True, False, False]  # continued, not restarted, after the interruption
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler is put back
 
 
 def test_heads_make_errors_are_one_line_before_the_target_loads(

@@ -355,7 +355,22 @@ def check_make_args(args: argparse.Namespace) -> None:
 
 
 def _make(args, target, fingerprint, data_dir, entry, progress) -> int:
-    """``specdec heads make``: its phases run as the commands they print."""
+    """``specdec heads make``: its phases run as the commands they print. A termination
+    (``timeout 60m specdec heads make``, a killed job) stops it as an interrupt does, so the
+    minutes the phase ran are kept and a rerun gives it only the rest of its share."""
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        return _make_phases(args, target, fingerprint, data_dir, entry, progress)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _make_phases(args, target, fingerprint, data_dir, entry, progress) -> int:
     import shlex
     import time
 
