@@ -132,6 +132,7 @@ def test_an_interrupted_make_continues_where_it_stopped(
         return real(args, *rest)
 
     monkeypatch.setattr(train, "run_command", interrupted)
+    before = signal.getsignal(signal.SIGTERM)  # another test's (Ray's) or the default
     args = _make_args(model_dir, corpus, prompts, 0.3)
     assert main(args) == 130
     saved = next((tmp_path / "cache" / "heads").glob("*/data/make-eagle.json"))
@@ -143,7 +144,7 @@ def test_an_interrupted_make_continues_where_it_stopped(
     assert "continuing a make of eagle heads" in err and "code, chat done" in err
     assert "[1/5]" not in err and "[3/5] training" in err
     assert calls == [True, False, False]  # continued, not restarted, after the interruption
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler is put back
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
 
 
 def test_heads_make_errors_are_one_line_before_the_target_loads(
@@ -194,6 +195,10 @@ def test_a_spent_budget_skips_a_finished_share_and_stops_before_training(
     assert "[1/5] code data: specdec heads data" in err and "--minutes 0.10" in err
     assert Progress.load(path, "eagle").done == ["code", "chat", "train", "finish", "eval"]
     assert len(ran) == 3 and ran[-1] == "eval"
+    # an unreadable progress file is said, and the make starts over
+    path.write_text("{cut")
+    assert main(args) == 0
+    assert "unreadable progress, the make starts over" in capsys.readouterr().err
     # its share already spent, with time left for the others: passed over
     Progress("eagle", {"code": 0.5}, []).save(path)
     assert main([*args, "--minutes", "2.0"]) == 0

@@ -360,6 +360,10 @@ def _make(args, target, fingerprint, data_dir, entry, progress) -> int:
     (``timeout 60m specdec heads make``, a killed job) stops it as an interrupt does, so the
     minutes the phase ran are kept and a rerun gives it only the rest of its share."""
     import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # handlers: main only
+        return _make_phases(args, target, fingerprint, data_dir, entry, progress)
 
     def stop(signum, frame):
         raise KeyboardInterrupt
@@ -390,6 +394,8 @@ def _make_phases(args, target, fingerprint, data_dir, entry, progress) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     path = make.progress_path(data_dir, args.kind)
     done = None if args.restart else make.Progress.load(path, args.kind)
+    if done is None and path.exists() and not args.restart:
+        sys.stderr.write(f"{path}: unreadable progress, the make starts over\n")
     state = done or make.Progress(args.kind)
     if done is not None:
         sys.stderr.write(
