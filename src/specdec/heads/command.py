@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from specdec.heads.data import CORPUS_SUFFIXES
 from specdec.heads.evaluate import POSITIONS_PER_CHUNK
 from specdec.heads.make import REPLY_TOKENS
 from specdec.heads.nets import KINDS
@@ -44,8 +45,9 @@ def add_parser(commands, parser_class) -> None:
     data.add_argument(
         "--suffix",
         nargs="+",
-        default=[".py"],
-        help="file suffixes to read under corpus directories (default: .py)",
+        default=CORPUS_SUFFIXES,
+        help="file suffixes to read under corpus directories (default: "
+        f"{' '.join(CORPUS_SUFFIXES)})",
     )
     data.add_argument(
         "--minutes",
@@ -230,7 +232,9 @@ def add_parser(commands, parser_class) -> None:
         help="files or directories for the code data (default: the Python standard library)",
     )
     making.add_argument(
-        "--suffix", nargs="+", help="file suffixes to read under corpus directories (.py)"
+        "--suffix",
+        nargs="+",
+        help=f"file suffixes to read under corpus directories ({' '.join(CORPUS_SUFFIXES)})",
     )
     making.add_argument(
         "--chat-prompts",
@@ -250,7 +254,7 @@ def add_parser(commands, parser_class) -> None:
         help=f"tokens of each chat reply at most (default: {REPLY_TOKENS}, the recipes')",
     )
     making.add_argument(
-        "--length", type=int, default=512, help="tokens per chunk of data (default: 512)"
+        "--length", type=int, help="tokens per chunk of data (default: 512, as for 'heads data')"
     )
     making.add_argument(
         "--restart",
@@ -290,15 +294,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.heads_command == "list":
         return _list(args)
-    from specdec.heads import evaluate, train
-
-    # arguments are checked before the target loads (seconds): a bad value costs one line
-    {
-        "data": check_data_args,
-        "train": train.check_args,
-        "eval": evaluate.check_args,
-        "make": check_make_args,
-    }[args.heads_command](args)
+    check_args(args)  # before the target loads (seconds): a bad value costs one line
     from specdec.cli_output import progress_bar
     from specdec.heads import store
     from specdec.heads.fingerprint import target_fingerprint
@@ -313,13 +309,33 @@ def run(args: argparse.Namespace) -> int:
         fingerprint = target_fingerprint(target.model)
         entry = store.entry_dir(args.cache_dir, fingerprint, args.target)
         data_dir = Path(args.data).expanduser() if args.data else entry / "data"
-        if args.heads_command == "data":
-            return _data(args, target, fingerprint, data_dir, progress)
-        if args.heads_command == "make":
-            return _make(args, target, fingerprint, data_dir, entry, progress)
-        if args.heads_command == "train":
-            return train.run_command(args, target, fingerprint, data_dir, entry, progress)
-        return evaluate.run_command(args, target, fingerprint, data_dir, entry, progress)
+        return _run_loaded(args, target, fingerprint, data_dir, entry, progress)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """A subcommand's own arguments, checked before its target loads."""
+    from specdec.heads import evaluate, train
+
+    {
+        "data": check_data_args,
+        "train": train.check_args,
+        "eval": evaluate.check_args,
+        "make": check_make_args,
+    }[args.heads_command](args)
+
+
+def _run_loaded(args, target, fingerprint: str, data_dir: Path, entry: Path, progress) -> int:
+    """A subcommand, its arguments checked, on a loaded target (``make`` runs its phases
+    through here)."""
+    from specdec.heads import evaluate, train
+
+    if args.heads_command == "data":
+        return _data(args, target, fingerprint, data_dir, progress)
+    if args.heads_command == "make":
+        return _make(args, target, fingerprint, data_dir, entry, progress)
+    if args.heads_command == "train":
+        return train.run_command(args, target, fingerprint, data_dir, entry, progress)
+    return evaluate.run_command(args, target, fingerprint, data_dir, entry, progress)
 
 
 def check_data_args(args: argparse.Namespace) -> None:
@@ -346,11 +362,12 @@ def check_make_args(args: argparse.Namespace) -> None:
         raise ValueError("give --no-chat or --chat-prompts, not both")
     if args.reply_tokens < 1:
         raise ValueError(f"--reply-tokens must be >= 1, got {args.reply_tokens}")
-    if args.length < 16:
+    if args.length is not None and args.length < 16:
         raise ValueError(f"--length must be >= 16, got {args.length}")
-    for path in args.corpus or []:
-        if not Path(path).expanduser().exists():
-            raise ValueError(f"{path}: does not exist")
+    if args.corpus:  # the check 'heads data' makes (paths that exist, files to read)
+        from specdec.heads import data
+
+        data.corpus_files(args.corpus, args.suffix or data.CORPUS_SUFFIXES)
     if args.chat_prompts and not Path(args.chat_prompts).expanduser().is_file():
         raise ValueError(f"{args.chat_prompts}: no such file")
 
@@ -380,7 +397,7 @@ def _make_phases(args, target, fingerprint, data_dir, entry, progress) -> int:
     import time
 
     from specdec.cli import build_parser
-    from specdec.heads import evaluate, make, train
+    from specdec.heads import make
 
     plan = make.phases(
         args.kind,
@@ -439,23 +456,15 @@ def _make_phases(args, target, fingerprint, data_dir, entry, progress) -> int:
             f"specdec heads {shlex.join([*argv, *shown])}\n"
         )
         phase_args = parser.parse_args(["heads", *argv, *shown])
+        check_args(phase_args)
         began = time.monotonic()
         try:
-            if phase_args.heads_command == "data":
-                check_data_args(phase_args)
-                _data(phase_args, target, fingerprint, data_dir, progress)
-            elif phase_args.heads_command == "train":
-                train.check_args(phase_args)
-                train.run_command(phase_args, target, fingerprint, data_dir, entry, progress)
-            else:
-                evaluate.check_args(phase_args)
-                evaluate.run_command(phase_args, target, fingerprint, data_dir, entry, progress)
-        finally:
+            _run_loaded(phase_args, target, fingerprint, data_dir, entry, progress)
+            state.done.append(phase.name)
+        finally:  # an interrupted or failed phase keeps the minutes it ran
             spent = state.spent.get(phase.name, 0.0) + (time.monotonic() - began) / 60.0
             state.spent[phase.name] = round(spent, 3)
             state.save(path)
-        state.done.append(phase.name)
-        state.save(path)
     parts = ", ".join(
         f"{make.LABELS[p.name]} {state.spent.get(p.name, 0.0):.1f} min" for p in plan if p.share > 0
     )

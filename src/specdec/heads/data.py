@@ -42,6 +42,7 @@ FORMAT = "specdec-heads-data/1"
 HELD_OUT = 20  # every 20th chunk is held out for evaluation
 CHUNKS_PER_SHARD = 8
 MANIFEST = "manifest.json"
+CORPUS_SUFFIXES = (".py",)  # read under corpus directories unless --suffix says otherwise
 
 
 def default_corpus() -> Path:

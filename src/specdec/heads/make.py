@@ -51,12 +51,13 @@ def phases(
     chat: bool = True,
     chat_prompts: str | None = None,
     reply_tokens: int = REPLY_TOKENS,
-    length: int = 512,
+    length: int | None = None,
 ) -> list[Phase]:
-    """The phases of making ``kind`` heads, in order."""
+    """The phases of making ``kind`` heads, in order (``None``: the data commands' own
+    defaults)."""
     if kind not in SHARES:
         raise ValueError(f"unknown heads kind {kind!r}: {' or '.join(SHARES)}")
-    chunks = () if length == 512 else ("--length", str(length))
+    chunks = () if length is None else ("--length", str(length))
     code: tuple[str, ...] = ("data",)
     if corpus:
         code += ("--corpus", *corpus)
