@@ -1,6 +1,7 @@
 """Adaptive k: the cost model's decisions on hand-set estimates, and exactness through the
 engine."""
 
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -36,6 +37,32 @@ def test_explores_again_after_rounds_without_drafting():
             k=0, num_accepted=0, confidences=None, draft_seconds=0.0, pass_seconds=1.0
         )
     assert controller.choose_k() > 0
+
+
+def test_a_controller_that_stopped_drafting_measures_a_draft_again():
+    """Costs measured in a slow moment (a 2-token pass at 67 ms, a draft step at 27 ms) and
+    1-token passes at 35 ms since: k = 0 looks best, and rounds without drafts measure only
+    the 1-token pass, so without exploring from 0 the stale costs would stand for good
+    (seen on the 2-core EPYC with the int4 pair). Every EXPLORE_EVERY rounds it drafts one
+    token; once those rounds measure today's costs, drafting wins again."""
+    from specdec.controller import EXPLORE_EVERY
+
+    controller = trained(0.8, 0.0275, {1: 0.035, 2: 0.067, 3: 0.073})
+    controller.position_counts = [[0.0, 0.0] for _ in range(8)]  # evidence decayed away
+    chosen = []
+    for _ in range(2 * EXPLORE_EVERY):
+        chosen.append(controller.choose_k())
+        controller.observe(
+            k=chosen[-1],
+            num_accepted=chosen[-1],
+            confidences=None,
+            draft_seconds=0.019 * chosen[-1],
+            pass_seconds=0.036 if chosen[-1] else 0.035,
+        )
+        if chosen[-1] == 1 and controller.choose_k() > 0:
+            break
+    assert chosen[:EXPLORE_EVERY] == [0] * (EXPLORE_EVERY - 1) + [1]
+    assert controller.choose_k() > 0  # the measured draft and 2-token pass make drafts pay
 
 
 def test_matches_the_papers_optimal_k_for_a_memory_bound_target():
@@ -112,6 +139,44 @@ def test_auto_k_greedy_equals_plain_and_records_its_choices(pair):
     assert sum(out.stats.k_per_round.values()) == out.stats.rounds
     assert max(out.stats.k_per_round) <= 6
     assert engine.controller is not None and engine.controller.pass_seconds
+
+
+class _Scripted(AdaptiveK):
+    """Drafts nothing for ``idle`` rounds, then two tokens a round."""
+
+    idle = 3
+
+    def choose_k(self) -> int:
+        return 0 if self.rounds < self.idle else 2
+
+
+class _SlowToCatchUp(ModelDrafter):
+    """A draft model whose catching up (``prepare``) takes a long while."""
+
+    prepared = 0
+
+    def prepare(self, context) -> None:
+        self.prepared += 1
+        time.sleep(0.25)
+        super().prepare(context)
+
+
+def test_catching_up_after_rounds_without_drafts_is_not_a_draft_step(pair):
+    """A controller that drafted nothing for a few rounds (and so skipped the draft's
+    prefill) drafts again: the drafter first catches up on the text, apart. That time is the
+    request's drafter time but not the controller's draft step, which would otherwise
+    stand at a catch-up's cost and keep k at 0."""
+    target, draft = pair
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    expected = Engine(backend(target)).generate([1, 2, 3], params)
+    drafter = _SlowToCatchUp(backend(draft))
+    engine = Engine(backend(target), drafter, _Scripted(max_k=8))
+    out = engine.generate([1, 2, 3], params, SpecConfig(k="auto"))
+    assert out.token_ids == expected.token_ids
+    assert drafter.prepared == 1  # not in the prefill (k was 0), once before drafting
+    assert out.stats.k_per_round[0] == _Scripted.idle and out.stats.drafted_tokens > 0
+    assert out.stats.drafter_seconds >= 0.25
+    assert engine.controller.draft_step_seconds < 0.1
 
 
 @pytest.mark.parametrize("verification", ["rejection", "coupled"])
@@ -246,10 +311,10 @@ def test_a_switch_costs_nothing_as_a_draft_step():
     of the member's draft cost once there is one (the first one measured counts)."""
     choice = DrafterChoice(["model", "eagle"], max_k=4)
     model = choice.controllers["model"]
-    choice.observe("model", 4, 2, None, 4.0, 1.0, switched=True)  # no cost yet: counted
+    choice.observe("model", 4, 2, None, 4.0, 1.0, caught_up=True)  # no cost yet: counted
     choice.observe("model", 4, 2, None, 0.4, 1.0)
     assert model.draft_step_seconds == pytest.approx((1.0 + 0.1) / 2)
-    choice.observe("model", 4, 2, None, 40.0, 1.0, switched=True)  # a catch-up: left out
+    choice.observe("model", 4, 2, None, 40.0, 1.0, caught_up=True)  # a catch-up: left out
     assert model.draft_step_seconds == pytest.approx((1.0 + 0.1) / 2)
     assert model.rounds == 3 and choice.rounds == 3  # its acceptance still counts
 

@@ -217,7 +217,7 @@ class _NeverDrafts:
     def keep_going(self, confidences) -> bool:
         return False
 
-    def observe(self, *args) -> None:
+    def observe(self, *args, **kwargs) -> None:
         pass
 
 

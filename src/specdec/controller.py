@@ -15,7 +15,11 @@ than staying stuck on one unlucky round. Costs are medians of the last few obser
 (``COST_WINDOW``), per pass size and for the draft step: one slow pass (a cold first one, or
 one that met another process's threads) does not stand for its size; and every
 ``EXPLORE_EVERY`` rounds the controller drafts one token deeper than it would, so the cost and
-acceptance of the next size stay measured.
+acceptance of the next size stay measured. That holds from k = 0 too: a controller that has
+stopped drafting measures a round of one draft now and then, for costs measured in a slow
+moment would otherwise keep it from drafting for good (seen on the 2-core EPYC: a 2-token
+pass measured at 67 ms while the machine was busy, 1-token passes at 31-45 ms since, and an
+int4 pair whose drafts were accepted 95% of the time decoded plainly from then on).
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ class AdaptiveK:
         if rates is None:
             return min(4, self.max_k)  # measure first
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))
-        if 0 < best < self.max_k and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+        if best < self.max_k and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
             return best + 1
         return best
 
@@ -141,13 +145,15 @@ class AdaptiveK:
         k: int,
         num_accepted: int,
         confidences: list[float] | None,
-        draft_seconds: float | None,
+        draft_seconds: float,
         pass_seconds: float,
+        caught_up: bool = False,
     ) -> None:
-        """Update from one round: what was drafted, what survived, what it cost
-        (``draft_seconds`` None: a draft whose time does not stand for a draft step)."""
+        """Update from one round: what was drafted, what survived, what it cost.
+        ``caught_up``: the drafter first caught up on text it had not seen (it did not draft
+        the round before), so its time stands for a draft step only while none is known."""
         self.rounds += 1
-        if k > 0 and draft_seconds is not None:
+        if k > 0 and not (caught_up and self.draft_step_seconds is not None):
             self.draft_history.append(draft_seconds / k)
             self.draft_step_seconds = statistics.median(self.draft_history)
         history = self.pass_history.setdefault(k + 1, deque(maxlen=COST_WINDOW))
@@ -179,9 +185,9 @@ class DrafterChoice:
     ahead of the 0.5B draft model on chat and level or behind on code), so no one choice
     made before a request is right for all. A member that has not drafted for a while
     catches up on the text in its next draft (a draft model feeds the tokens accepted
-    since); that draft's time is a cost of switching, not of drafting, so it is left out of
-    the member's draft cost once the member has one. Warm-up gives each member ``warmup``
-    consecutive rounds for the same reason."""
+    since); that catching up is a cost of switching, not of drafting, so it is left out of
+    the member's draft cost (``AdaptiveK.observe``'s ``caught_up``). Warm-up gives each
+    member ``warmup`` consecutive rounds for the same reason."""
 
     members: list[str]
     max_k: int = 8
@@ -227,16 +233,14 @@ class DrafterChoice:
         confidences: list[float] | None,
         draft_seconds: float,
         pass_seconds: float,
-        switched: bool = False,
+        caught_up: bool = False,
     ) -> None:
         """A round ``member`` drafted (named by the caller: with many requests sharing this
-        choice, another may have chosen since); ``switched``: the request's previous round
-        was another member's, so this draft caught up on the text first."""
+        choice, another may have chosen since); ``caught_up`` as ``AdaptiveK.observe``'s
+        (the request's previous round was another member's, or drafted nothing)."""
         self.rounds += 1
-        controller = self.controllers[member]
-        known = switched and controller.draft_step_seconds is not None
-        controller.observe(
-            k, num_accepted, confidences, None if known else draft_seconds, pass_seconds
+        self.controllers[member].observe(
+            k, num_accepted, confidences, draft_seconds, pass_seconds, caught_up
         )
 
 

@@ -167,7 +167,11 @@ class Run:
         self.params = params
         self.controller: AdaptiveK | DrafterChoice | None = None
         self.member: str | None = None  # a choice of drafters: this round's
-        self._drafted_by: str | None = None  # ... and the member of the last round that drafted
+        # The drafters that have followed the text to the last round (a choice's members by
+        # name; None: the one drafter): the one that drafted it, or all after the prefill.
+        # Another first catches up on the text, a cost the k controller does not count.
+        self._fed: set[str | None] = set()
+        self._caught_up = False  # this round's drafter was not fed: it catches up first
         if engine.drafter is None:
             self.k = 0
         elif spec.adaptive:
@@ -213,8 +217,10 @@ class Run:
         drafting = self.controller.choose_k() > 0 if self.controller is not None else self.k != 0
         if self.drafter is not None and drafting and prepare_drafter:
             # A controller that has learned not to draft skips the draft's prefill; should it
-            # draft later, the drafter catches up on the context in its first proposal.
+            # draft later, the drafter catches up on the context first (``_begin_drafting``).
             self.drafter.prepare(self.context)
+            members = self.drafter.members if isinstance(self.drafter, ChoiceDrafter) else [None]
+            self._fed = set(members)
 
     def _round(self) -> Chunk:
         proposal, draft_seconds = self.propose()
@@ -252,12 +258,11 @@ class Run:
             measured = (k, result.num_accepted, proposal.confidences, draft_seconds, pass_seconds)
             if isinstance(self.controller, DrafterChoice):
                 assert self.member is not None, "a round of a choice drafts with a member"
-                switched = self._drafted_by not in (None, self.member)
-                self.controller.observe(self.member, *measured, switched=switched)
+                self.controller.observe(self.member, *measured, caught_up=self._caught_up)
             else:
-                self.controller.observe(*measured)
-        if k > 0:
-            self._drafted_by = self.member
+                self.controller.observe(*measured, caught_up=self._caught_up)
+        if k == 0:
+            self._fed = set()
         chunk = self._emit(result, proposal)
         self.stats.total_seconds = time.perf_counter() - self.started
         return chunk
@@ -265,16 +270,40 @@ class Run:
     def propose(self, max_k: int | None = None) -> tuple[Proposal, float]:
         """This round's drafts and the seconds drafting took."""
         k = self._draft_k(max_k)
+        self._begin_drafting(k)
         if k <= 0:
             return Proposal([]), 0.0
+        if self._caught_up:  # catch up apart, so that the draft's time is a draft's
+            started = time.perf_counter()
+            self._round_drafter().prepare(self.context)
+            self.stats.drafter_seconds += time.perf_counter() - started
+            self._caught_up = False
         started = time.perf_counter()
         proposal = drive(self._drafting(k))
         return proposal, time.perf_counter() - started
 
     def drafting(self, max_k: int | None = None) -> Drafting:
         """This round's drafts, step by step (``drafters.base.Drafting``): at most ``max_k``
-        (a batch's share of a pass)."""
-        return self._drafting(self._draft_k(max_k))
+        (a batch's share of a pass). A drafter behind the text catches up within its first
+        pass, batched with the others' (that round's draft time is not counted as a draft
+        step: ``finish_round``)."""
+        k = self._draft_k(max_k)
+        self._begin_drafting(k)
+        return self._drafting(k)
+
+    def _begin_drafting(self, k: int) -> None:
+        """Note whether this round's drafter has to catch up on the text before it drafts."""
+        self._caught_up = k > 0 and self.member not in self._fed
+        if k > 0:
+            self._fed = {self.member}
+
+    def _round_drafter(self) -> Drafter:
+        """The drafter of this round: a choice's chosen member, else the drafter."""
+        assert self.drafter is not None, "a round drafts with a drafter"
+        if isinstance(self.drafter, ChoiceDrafter):
+            assert self.member is not None, "the round's member is chosen first"
+            return self.drafter.members[self.member]
+        return self.drafter
 
     def _drafting(self, k: int) -> Drafting:
         if k <= 0:
