@@ -142,12 +142,19 @@ def test_auto_k_greedy_equals_plain_and_records_its_choices(pair):
 
 
 class _Scripted(AdaptiveK):
-    """Drafts nothing for ``idle`` rounds, then two tokens a round."""
+    """Drafts nothing for ``idle`` rounds, then two tokens a round but for one round more
+    without; notes whether each drafted round's drafter had caught up first."""
 
     idle = 3
+    caught_up: list[bool]
 
     def choose_k(self) -> int:
-        return 0 if self.rounds < self.idle else 2
+        return 0 if self.rounds < self.idle or self.rounds == self.idle + 2 else 2
+
+    def observe(self, k, *measured, caught_up=False) -> None:
+        if k > 0:
+            self.caught_up.append(caught_up)
+        super().observe(k, *measured, caught_up=caught_up)
 
 
 class _SlowToCatchUp(ModelDrafter):
@@ -165,18 +172,26 @@ def test_catching_up_after_rounds_without_drafts_is_not_a_draft_step(pair):
     """A controller that drafted nothing for a few rounds (and so skipped the draft's
     prefill) drafts again: the drafter first catches up on the text, apart. That time is the
     request's drafter time but not the controller's draft step, which would otherwise
-    stand at a catch-up's cost and keep k at 0."""
+    stand at a catch-up's cost and keep k at 0. After a single round without drafts the
+    drafter catches up within its first draft pass (no pass more), and that round's draft
+    time is left out of the draft step."""
+    from specdec.engine import CATCH_UP_APART
+
+    assert _Scripted.idle < CATCH_UP_APART  # never prepared: far behind all the same
     target, draft = pair
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     expected = Engine(backend(target)).generate([1, 2, 3], params)
     drafter = _SlowToCatchUp(backend(draft))
-    engine = Engine(backend(target), drafter, _Scripted(max_k=8))
+    controller = _Scripted(max_k=8)
+    controller.caught_up = []
+    engine = Engine(backend(target), drafter, controller)
     out = engine.generate([1, 2, 3], params, SpecConfig(k="auto"))
     assert out.token_ids == expected.token_ids
     assert drafter.prepared == 1  # not in the prefill (k was 0), once before drafting
-    assert out.stats.k_per_round[0] == _Scripted.idle and out.stats.drafted_tokens > 0
+    assert out.stats.k_per_round[0] >= _Scripted.idle + 1 and out.stats.drafted_tokens > 0
     assert out.stats.drafter_seconds >= 0.25
-    assert engine.controller.draft_step_seconds < 0.1
+    assert controller.draft_step_seconds < 0.1
+    assert controller.caught_up[:4] == [False, False, True, False]
 
 
 @pytest.mark.parametrize("verification", ["rejection", "coupled"])

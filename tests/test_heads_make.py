@@ -19,6 +19,9 @@ def test_the_plan_runs_the_recipes_commands_in_order():
     assert plan[1].argv == ("data", "--chat-prompts", "p.jsonl", "--reply-tokens", "64")
     assert plan[3].argv == ("train", "--kind", "eagle", "--distill-weight", "1.0")
     assert sum(p.share for p in plan) == pytest.approx(1.0) and plan[-1].share == 0
+    compared = phases("eagle", compare=True)  # the default target: its draft model too
+    assert [p.name for p in compared][-2:] == ["eval", "compare"]
+    assert compared[-1].argv == ("eval", "--kind", "model") and compared[-1].share == 0
     medusa = phases("medusa", chat=False, length=64)
     assert [p.name for p in medusa] == ["code", "train", "eval"]
     assert medusa[0].argv == ("data", "--length", "64")
@@ -205,3 +208,30 @@ def test_a_spent_budget_skips_a_finished_share_and_stops_before_training(
     err = capsys.readouterr().err
     assert "code data: its share is spent" in err and "[1/5]" not in err
     assert "[2/5] chat data" in err
+
+
+def test_for_the_default_target_the_draft_model_is_evaluated_too(
+    tmp_path, model_dir, sources, capsys, monkeypatch
+):
+    """So that --drafter auto compares heads and draft model by measurement, a make for the
+    default target ends with 'heads eval --kind model' (outside the budget); a rerun of a
+    make done before that phase existed runs just it. (Training and evaluation recorded.)"""
+    from specdec.heads import command, evaluate, train
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(command, "DEFAULT_TARGET", str(model_dir))  # the tiny one, here
+    ran = []
+    monkeypatch.setattr(train, "run_command", lambda args, *rest: ran.append("train"))
+    monkeypatch.setattr(evaluate, "run_command", lambda args, *rest: ran.append(args.kind))
+    corpus, prompts = sources
+    args = [*_make_args(model_dir, corpus, prompts, 0.3), "--data", str(tmp_path / "data")]
+    path = make.progress_path(tmp_path / "data", "eagle")
+    path.parent.mkdir()
+    done = ["code", "chat", "train", "finish", "eval"]
+    Progress("eagle", {"code": 0.1, "chat": 0.1, "train": 0.1}, done).save(path)
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert ran == ["model"]
+    assert "[6/6] the draft model's evaluation, for --drafter auto" in err
+    assert "specdec heads eval --kind model --dtype float32" in err
+    assert Progress.load(path, "eagle").done == [*done, "compare"]

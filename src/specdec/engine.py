@@ -28,6 +28,14 @@ from specdec.metrics import SpecStats
 from specdec.sampling import Sampler, logits_to_probs
 from specdec.verify import VerifyResult, verify_coupled, verify_greedy, verify_stochastic
 
+# A drafter that sat out this many rounds or more (or never followed the text) catches up in
+# a pass of its own before it drafts (one request alone): its way behind costs well above a
+# step, so the extra pass is small beside it, and the draft after it is timed as a step
+# again (how a k controller at 0, exploring, measures today's draft cost). After fewer, it
+# catches up within its first draft pass, which is then left out of its draft cost: a choice
+# of drafters that switches after a round or two does not pay a pass more each time.
+CATCH_UP_APART = 4
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -167,11 +175,12 @@ class Run:
         self.params = params
         self.controller: AdaptiveK | DrafterChoice | None = None
         self.member: str | None = None  # a choice of drafters: this round's
-        # The drafters that have followed the text to the last round (a choice's members by
-        # name; None: the one drafter): the one that drafted it, or all after the prefill.
-        # Another first catches up on the text, a cost the k controller does not count.
-        self._fed: set[str | None] = set()
-        self._caught_up = False  # this round's drafter was not fed: it catches up first
+        # The round up to which each drafter has followed the text (a choice's members by
+        # name; None: the one drafter): the rounds it drafted, and the prefill. One that sat
+        # out rounds first catches up on the text, a cost the k controller does not count.
+        self._fed: dict[str | None, int] = {}
+        self._caught_up = False  # this round's drafter sat out rounds: it catches up first
+        self._sat_out = 0  # ... how many
         if engine.drafter is None:
             self.k = 0
         elif spec.adaptive:
@@ -220,7 +229,7 @@ class Run:
             # draft later, the drafter catches up on the context first (``_begin_drafting``).
             self.drafter.prepare(self.context)
             members = self.drafter.members if isinstance(self.drafter, ChoiceDrafter) else [None]
-            self._fed = set(members)
+            self._fed = dict.fromkeys(members, 0)
 
     def _round(self) -> Chunk:
         proposal, draft_seconds = self.propose()
@@ -261,8 +270,6 @@ class Run:
                 self.controller.observe(self.member, *measured, caught_up=self._caught_up)
             else:
                 self.controller.observe(*measured, caught_up=self._caught_up)
-        if k == 0:
-            self._fed = set()
         chunk = self._emit(result, proposal)
         self.stats.total_seconds = time.perf_counter() - self.started
         return chunk
@@ -273,7 +280,8 @@ class Run:
         self._begin_drafting(k)
         if k <= 0:
             return Proposal([]), 0.0
-        if self._caught_up:  # catch up apart, so that the draft's time is a draft's
+        if self._caught_up and self._sat_out >= CATCH_UP_APART:
+            # a long way behind: catch up apart, so that the draft's time is a draft's
             started = time.perf_counter()
             self._round_drafter().prepare(self.context)
             self.stats.drafter_seconds += time.perf_counter() - started
@@ -293,9 +301,12 @@ class Run:
 
     def _begin_drafting(self, k: int) -> None:
         """Note whether this round's drafter has to catch up on the text before it drafts."""
-        self._caught_up = k > 0 and self.member not in self._fed
+        this_round = self.stats.rounds
+        fed = self._fed.get(self.member)  # None: never, the whole text is ahead of it
+        self._sat_out = this_round - fed if fed is not None else CATCH_UP_APART
+        self._caught_up = k > 0 and self._sat_out > 0
         if k > 0:
-            self._fed = {self.member}
+            self._fed[self.member] = this_round + 1
 
     def _round_drafter(self) -> Drafter:
         """The drafter of this round: a choice's chosen member, else the drafter."""

@@ -207,7 +207,9 @@ def add_parser(commands, parser_class) -> None:
         help="data, training and evaluation of one kind of heads within one time budget",
         description="Make heads from nothing in one command: code data (the corpus), chat "
         "data (the target's own replies), training and, for EAGLE, a last stretch at "
-        "distillation weight 1.0, within --minutes of data and training; then 'heads eval'. "
+        "distillation weight 1.0, within --minutes of data and training; then 'heads eval' "
+        "(for the default target, of the draft model too, so that --drafter auto compares "
+        "them). "
         "The phases are the 'heads data' / 'heads train' commands each one prints, run with "
         "the target loaded once; the budget is shared as in the recipes measured within 90 "
         "minutes on 2 cores (EAGLE: 20% code data, 25% chat data, 40% + 15% training; a "
@@ -407,6 +409,7 @@ def _make_phases(args, target, fingerprint, data_dir, entry, progress) -> int:
         args.chat_prompts,
         args.reply_tokens,
         args.length,
+        compare=args.target == DEFAULT_TARGET,  # the default draft pairs with it
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     path = make.progress_path(data_dir, args.kind)
@@ -468,9 +471,10 @@ def _make_phases(args, target, fingerprint, data_dir, entry, progress) -> int:
     parts = ", ".join(
         f"{make.LABELS[p.name]} {state.spent.get(p.name, 0.0):.1f} min" for p in plan if p.share > 0
     )
+    evaluated = sum(state.spent.get(p.name, 0.0) for p in plan if p.share == 0)
     sys.stderr.write(
         f"made {args.kind} heads: {state.spent_in_budget(plan):.1f} minutes of data and "
-        f"training ({parts}), evaluated in {state.spent.get('eval', 0.0):.1f} min more; "
+        f"training ({parts}), evaluated in {evaluated:.1f} min more; "
         "'specdec heads list' shows them, --drafter auto uses them where predicted faster\n"
     )
     return 0

@@ -98,16 +98,18 @@ def auto_recipe(
     """``--drafter auto``: (recipe, why). The drafter with the highest speedup predicted by
     ``specdec heads eval`` on this machine (held-out acceptance, measured costs) among
     trained heads and the draft model; ``model`` when no heads are trained or evaluated.
-    Where heads are predicted fastest and the draft model was evaluated too, the choice of
-    both (``model/eagle``: each round the one measured faster) when ``can_choose`` (k auto
-    and a draft model at hand); likewise where the draft model was not evaluated at all,
-    since nothing then says the heads are the faster (measured on the AMD EPYC, int4
-    target, README's quicksort prompt: a 12-minute EAGLE head predicted at 1.05x, taken
-    alone, 1.15x; the choice 1.27x, 1.31x; the draft model 1.46-1.50x). The held-out text
-    is sampled and like the training data, and on new requests decoded greedily the draft
-    model can still be the faster (measured on the AMD EPYC, int4 target, README's
-    quicksort prompt: EAGLE 47.4, 45.4, 52.3 tok/s, the draft model 51.6, 58.4, 61.1, the
-    choice 54.8, 54.7, 59.9).
+
+    Where the draft model was evaluated too, the one predicted fastest drafts alone. A
+    choice of both (``model/eagle``: each round the one measured faster) ran behind the
+    faster drafter alone: on the AMD EPYC (Zen 4), int4 target, 90-minute EAGLE head, two
+    bench runs over the four workloads, by median 4-15% behind EAGLE alone in 7 of 8
+    workload-runs (its switches and the rounds it gives the other member cost more than
+    its picks gain), while EAGLE alone ran level with the draft model on code and 4-16%
+    ahead on chat, editing and summaries (docs/heads.md, "Adaptive k that drafts again").
+    Where heads are predicted fastest but the draft model was not evaluated, nothing says
+    which of the two is faster, so both as a choice when ``can_choose`` (k auto and a draft
+    model at hand): a weak 12-minute EAGLE head taken alone made the README's quicksort
+    prompt 1.15x, the choice 1.27x and 1.31x, the draft model 1.46-1.50x (AMD EPYC, int4).
 
     Costs differ by target runtime (an int4 step is about half an int8 one), so the
     evaluations made with this target's runtime are used (``heads eval --dtype``); where
@@ -129,9 +131,9 @@ def auto_recipe(
         return "model", f"{best} heads are predicted at {predicted[best]:.2f}x only"
     listed = ", ".join(f"{kind} {speedup:.2f}x" for kind, speedup in sorted(predicted.items()))
     why = f"predicted by 'specdec heads eval' on this machine ({runtime} target): {listed}"
-    if best != "model" and can_choose:
-        if "model" not in predicted:  # no prediction to compare with: measure both online
-            why += "; the draft model not evaluated ('specdec heads eval --kind model')"
+    if best != "model" and can_choose and "model" not in predicted:
+        # no prediction to compare with: measure both online
+        why += "; the draft model not evaluated ('specdec heads eval --kind model')"
         return f"model/{best}", f"{why}; both drafting, each round the one measured faster"
     return best, why
 

@@ -9,7 +9,9 @@ distillation weight 1.0 (87.4 minutes, the issue's goals met); on the AVX2 EPYC 
 end, every prompt answered) leaves its time to the phases after it, in proportion to what
 they still have to run. Progress (minutes spent and phases done) is kept beside the data, so
 an interrupted make continues where it stopped, and a make whose budget ran out continues
-with a larger ``--minutes``. The evaluation runs after the budget, outside it.
+with a larger ``--minutes``. The evaluation runs after the budget, outside it; for the
+default target the draft model is evaluated the same way after it, on the same held-out
+chunks, so that ``--drafter auto`` compares the two by measurement.
 
 Pure planning here; ``heads.command`` runs the phases.
 """
@@ -34,12 +36,13 @@ LABELS = {
     "train": "training",
     "finish": "training at distillation weight 1.0",
     "eval": "evaluation (outside the budget)",
+    "compare": "the draft model's evaluation, for --drafter auto (outside the budget)",
 }
 
 
 @dataclass(frozen=True)
 class Phase:
-    name: str  # code | chat | train | finish | eval
+    name: str  # code | chat | train | finish | eval | compare
     share: float  # of the budget (0: outside it)
     argv: tuple[str, ...]  # the 'specdec heads' command it runs, without --minutes
 
@@ -52,9 +55,10 @@ def phases(
     chat_prompts: str | None = None,
     reply_tokens: int = REPLY_TOKENS,
     length: int | None = None,
+    compare: bool = False,
 ) -> list[Phase]:
     """The phases of making ``kind`` heads, in order (``None``: the data commands' own
-    defaults)."""
+    defaults); ``compare``: the draft model's evaluation last."""
     if kind not in SHARES:
         raise ValueError(f"unknown heads kind {kind!r}: {' or '.join(SHARES)}")
     chunks = () if length is None else ("--length", str(length))
@@ -74,7 +78,10 @@ def phases(
     made = [
         Phase(name, share, argv[name]) for name, share in SHARES[kind] if chat or name != "chat"
     ]
-    return [*made, Phase("eval", 0.0, ("eval", "--kind", kind))]
+    evaluations = [Phase("eval", 0.0, ("eval", "--kind", kind))]
+    if compare:
+        evaluations.append(Phase("compare", 0.0, ("eval", "--kind", "model")))
+    return [*made, *evaluations]
 
 
 @dataclass
