@@ -101,8 +101,8 @@ def auto_recipe(
 
     Where the draft model was evaluated too, the one predicted fastest drafts alone. A
     choice of both (``model/eagle``: each round the one measured faster) ran behind the
-    faster drafter alone: on the AMD EPYC (Zen 4), int4 target, 90-minute EAGLE head, two
-    bench runs over the four workloads, by median 4-15% behind EAGLE alone in 7 of 8
+    faster drafter alone: on the AMD EPYC (Zen 4), int4 target, 90-minute EAGLE head, three
+    bench runs over the four workloads, by median 1-15% behind EAGLE alone in 11 of 12
     workload-runs (its switches and the rounds it gives the other member cost more than
     its picks gain), while EAGLE alone ran level with the draft model on code and 4-16%
     ahead on chat, editing and summaries (docs/heads.md, "Adaptive k that drafts again").
