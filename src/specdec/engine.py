@@ -179,8 +179,8 @@ class Run:
         # name; None: the one drafter): the rounds it drafted, and the prefill. One that sat
         # out rounds first catches up on the text, a cost the k controller does not count.
         self._fed: dict[str | None, int] = {}
-        self._caught_up = False  # this round's drafter sat out rounds: it catches up first
-        self._sat_out = 0  # ... how many
+        # Rounds this round's drafter sat out (0: it drafted the last one, or caught up apart)
+        self._sat_out = 0
         if engine.drafter is None:
             self.k = 0
         elif spec.adaptive:
@@ -267,9 +267,9 @@ class Run:
             measured = (k, result.num_accepted, proposal.confidences, draft_seconds, pass_seconds)
             if isinstance(self.controller, DrafterChoice):
                 assert self.member is not None, "a round of a choice drafts with a member"
-                self.controller.observe(self.member, *measured, caught_up=self._caught_up)
+                self.controller.observe(self.member, *measured, caught_up=self._sat_out > 0)
             else:
-                self.controller.observe(*measured, caught_up=self._caught_up)
+                self.controller.observe(*measured, caught_up=self._sat_out > 0)
         chunk = self._emit(result, proposal)
         self.stats.total_seconds = time.perf_counter() - self.started
         return chunk
@@ -280,12 +280,12 @@ class Run:
         self._begin_drafting(k)
         if k <= 0:
             return Proposal([]), 0.0
-        if self._caught_up and self._sat_out >= CATCH_UP_APART:
+        if self._sat_out >= CATCH_UP_APART:
             # a long way behind: catch up apart, so that the draft's time is a draft's
             started = time.perf_counter()
             self._round_drafter().prepare(self.context)
             self.stats.drafter_seconds += time.perf_counter() - started
-            self._caught_up = False
+            self._sat_out = 0
         started = time.perf_counter()
         proposal = drive(self._drafting(k))
         return proposal, time.perf_counter() - started
@@ -300,13 +300,14 @@ class Run:
         return self._drafting(k)
 
     def _begin_drafting(self, k: int) -> None:
-        """Note whether this round's drafter has to catch up on the text before it drafts."""
+        """Note how many rounds this round's drafter sat out: it catches up on them first."""
+        if k <= 0:
+            self._sat_out = 0
+            return
         this_round = self.stats.rounds
         fed = self._fed.get(self.member)  # None: never, the whole text is ahead of it
         self._sat_out = this_round - fed if fed is not None else CATCH_UP_APART
-        self._caught_up = k > 0 and self._sat_out > 0
-        if k > 0:
-            self._fed[self.member] = this_round + 1
+        self._fed[self.member] = this_round + 1
 
     def _round_drafter(self) -> Drafter:
         """The drafter of this round: a choice's chosen member, else the drafter."""
