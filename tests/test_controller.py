@@ -9,8 +9,8 @@ import pytest
 
 from helpers import VOCAB, assert_same_distribution, backend, perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.controller import AdaptiveK, DrafterChoice
-from specdec.drafters import ChoiceDrafter, ModelDrafter, PromptLookupDrafter
+from specdec.controller import EXPLORE_EVERY, AdaptiveK, DrafterChoice, FallbackK
+from specdec.drafters import ChoiceDrafter, FallbackDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.theory import optimal_k
 
 
@@ -394,6 +394,97 @@ def test_a_choice_samples_exactly(pair, verification):
     )
     counts = sample_counts(engine, prompt, params, verification)
     assert isinstance(engine.controller, DrafterChoice)
+    assert all(c.rounds >= 20 for c in engine.controller.controllers.values())
+    for position, expected in enumerate(marginals(target, prompt, params)):
+        assert_same_distribution(counts[position], expected)
+
+
+# ---- a fallback chain (lookup+eagle): each member its own k ----
+
+
+def run_chain(chain: FallbackK, rounds: int, accepted_by: dict) -> list[tuple[str | None, int]]:
+    """Rounds of a two-member chain whose front member always has a proposal: who drafted,
+    at what k. ``accepted_by[member](k)``: how many of its k drafts the target accepts."""
+    drafted: list[tuple[str | None, int]] = []
+    for _ in range(rounds):
+        member, k = None, 0
+        for name in chain.members:
+            k = chain.member_k(name)
+            if k > 0:
+                member = name
+                break
+        draft_step = 0.0 if member == "lookup" else 0.05  # a copy costs nothing
+        pass_seconds = 1.0 + 0.05 * k
+        chain.observe(
+            member, k, accepted_by[member](k) if member else 0, None, draft_step * k, pass_seconds
+        )
+        drafted.append((member, k))
+    return drafted
+
+
+def test_a_chain_copies_deep_where_copies_are_accepted_and_its_model_keeps_its_own_k():
+    chain = FallbackK(["lookup", "eagle"], max_k=8)
+    assert chain.controllers["lookup"].pass_seconds is chain.controllers["eagle"].pass_seconds
+    drafted = run_chain(chain, 40, {"lookup": lambda k: k, "eagle": lambda k: k // 2})
+    assert drafted[-1] == ("lookup", 8)  # free, always accepted: as deep as allowed
+    assert drafted[0][0] == "eagle"  # the member behind is measured first, then left be
+    assert all(member == "lookup" for member, _ in drafted[1:])
+    # EAGLE's estimate is its own: copies accepted in full do not deepen it
+    chain.observe("eagle", 2, 1, None, 0.1, 1.1)
+    lookup, eagle = chain.controllers["lookup"], chain.controllers["eagle"]
+    assert eagle.rounds == 2 and min(lookup.position_rates()) > 0.9
+    assert eagle.position_rates()[1] < lookup.position_rates()[1] - 0.2
+
+
+def test_a_chain_leaves_rounds_behind_where_copies_fail_and_still_measures_them():
+    chain = FallbackK(["lookup", "eagle"], max_k=8)
+    drafted = run_chain(chain, 160, {"lookup": lambda k: 0, "eagle": lambda k: k})
+    late = [member for member, _ in drafted[32:]]
+    assert late.count("eagle") >= len(late) - len(late) // EXPLORE_EVERY - 1
+    assert late.count("lookup") >= 2  # explored now and then
+    assert chain.controllers["eagle"].choose_k() == 8
+
+
+def test_a_chain_round_without_drafts_is_its_last_members():
+    chain = FallbackK(["lookup", "eagle"], max_k=4)
+    chain.observe(None, 0, 0, None, 0.0, 1.0)
+    chain.observe("lookup", 0, 0, None, 0.0, 1.0)
+    assert chain.controllers["eagle"].rounds == 2 and chain.controllers["lookup"].rounds == 0
+    with pytest.raises(ValueError, match="distinct"):
+        FallbackK(["lookup", "lookup"])
+
+
+def chain_engine(target, draft) -> Engine:
+    return Engine(
+        backend(target),
+        FallbackDrafter([PromptLookupDrafter(min_ngram=1), ModelDrafter(backend(draft))]),
+    )
+
+
+def test_a_chain_greedy_equals_plain_and_each_member_drafts(pair):
+    target, draft = pair
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    engine = chain_engine(target, draft)
+    for prompt in ([1, 2, 3], [5, 9, 5, 9, 5, 9, 5], [(3 * i) % 29 + 1 for i in range(30)]):
+        expected = Engine(backend(target)).generate(prompt, params)
+        out = engine.generate(prompt, params, SpecConfig(k="auto", max_k=6))
+        assert out.token_ids == expected.token_ids
+    assert isinstance(engine.controller, FallbackK)
+    assert all(c.rounds >= 2 for c in engine.controller.controllers.values())
+
+
+@pytest.mark.parametrize("verification", ["rejection", "coupled"])
+def test_a_chain_samples_exactly(pair, verification):
+    """Rounds drafted by either member, each at its own k, one a point mass: every
+    generated position still follows the target."""
+    from test_engine_statistical import marginals
+
+    target, draft = pair
+    prompt = [3, 1, 4, 3, 1, 4, 3, 1]
+    params = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
+    engine = chain_engine(target, draft)
+    counts = sample_counts(engine, prompt, params, verification)
+    assert isinstance(engine.controller, FallbackK)
     assert all(c.rounds >= 20 for c in engine.controller.controllers.values())
     for position, expected in enumerate(marginals(target, prompt, params)):
         assert_same_distribution(counts[position], expected)

@@ -128,8 +128,22 @@ def test_fallback_uses_the_first_drafter_with_a_proposal():
     ngram = NGramDrafter(NGramModel.build([[1, 2, 3]], order=2, vocab_size=8))
     both = FallbackDrafter([lookup, ngram])
     assert both.name == "lookup+ngram" and both.vocab_size == 8
-    assert both.propose([4, 5, 4], k=1).drafter == "lookup"
+    assert both.propose([4, 5, 6, 4, 5], k=1).drafter == "lookup"
     assert both.propose([1], k=2).drafter == "ngram"
+
+
+def test_lookup_in_front_of_another_drafter_takes_two_token_matches_only():
+    ngram = NGramDrafter(NGramModel.build([[1, 2, 3]], order=2, vocab_size=8))
+    alone = PromptLookupDrafter()
+    assert alone.propose([4, 5, 4], k=2).token_ids == [5, 4]  # a 1-token match, taken alone
+    in_front = FallbackDrafter([PromptLookupDrafter(), ngram])
+    assert in_front.propose([4, 5, 4], k=2).drafter == "ngram"  # the same match left to ngram
+    proposal = in_front.propose([4, 5, 6, 4, 5], k=2)
+    assert (proposal.drafter, proposal.token_ids) == ("lookup", [6, 4])
+    asked = FallbackDrafter([PromptLookupDrafter(min_ngram=1), ngram])  # given: kept
+    assert asked.propose([4, 5, 4], k=2).drafter == "lookup"
+    with pytest.raises(ValueError, match="max_ngram"):
+        PromptLookupDrafter(max_ngram=0)
 
 
 # ---- through the engine: greedy equality and statistical exactness per drafter kind ----

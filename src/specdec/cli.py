@@ -174,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
             "none",
         ],
         help="default drafter; a request may pick another with the 'drafter' field "
-        "(medusa/eagle: heads trained with 'specdec heads train'; auto: the drafter "
-        "'specdec heads eval' predicts fastest here, model if none is evaluated)",
+        "(medusa/eagle: heads trained with 'specdec heads train'; auto: prompt lookup "
+        "in front of the drafter 'specdec heads eval' predicts fastest here, "
+        "lookup+model if none is evaluated)",
     )
     serve.add_argument(
         "-k",
@@ -411,9 +412,9 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "trained for the target with 'specdec heads train'), a '+'-joined "
         "fallback chain such as lookup+model, a '/'-joined choice such as model/eagle "
         "(each round the one measured faster here drafts; k auto), none (plain "
-        "decoding), or auto: the "
-        "drafter 'specdec heads eval' predicts fastest on this machine, model when no "
-        "heads are trained and evaluated. Default: auto",
+        "decoding), or auto: prompt lookup in front of the drafter 'specdec heads "
+        "eval' predicts fastest on this machine (lookup+model when no heads are trained "
+        "and evaluated). Default: auto",
     )
     p.add_argument(
         "--lookup-max-ngram",
@@ -424,8 +425,10 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lookup-min-ngram",
         type=int,
-        default=1,
-        help="lookup: shortest tail worth matching (default: 1)",
+        default=None,
+        help="lookup: shortest tail worth matching (default: 1 alone, 2 in front of "
+        "another drafter, as in lookup+eagle: a 1-token match guesses worse than the "
+        "drafter behind it)",
     )
     p.add_argument("--ngram-model", help="ngram: a file made by 'specdec ngram build'")
     p.add_argument(

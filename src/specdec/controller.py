@@ -199,12 +199,7 @@ class DrafterChoice:
     def __post_init__(self) -> None:
         if len(self.members) < 2 or len(set(self.members)) != len(self.members):
             raise ValueError(f"a choice needs two or more distinct drafters, got {self.members}")
-        passes: dict[int, float] = {}
-        history: dict[int, deque] = {}
-        self.controllers = self.controllers or {
-            name: AdaptiveK(max_k=self.max_k, pass_seconds=passes, pass_history=history)
-            for name in self.members
-        }
+        self.controllers = self.controllers or _member_controllers(self.members, self.max_k)
 
     def choose(self) -> str:
         """The member that drafts this round (the same until ``observe``)."""
@@ -242,6 +237,95 @@ class DrafterChoice:
         self.controllers[member].observe(
             k, num_accepted, confidences, draft_seconds, pass_seconds, caught_up
         )
+
+
+@dataclass
+class FallbackK:
+    """k for a fallback chain (``lookup+eagle``: the first member with a proposal drafts).
+    Each member keeps its own ``AdaptiveK`` (its acceptance, its draft cost, its k); the
+    target's pass costs are one table shared by all. A member drafts, when it has a
+    proposal, at its own best k, if its expected token rate there is at least that of every
+    member behind it (so a copy from the prompt is taken where copies have paid); else it
+    leaves the round to them, and every ``EXPLORE_EVERY``-th round it left drafts anyway, so
+    its estimate stays measured.
+
+    Why: one controller for the whole chain mixed what its members do. Prompt lookup's
+    drafts cost nothing and are accepted in long runs where the reply copies the prompt,
+    EAGLE's cost a head step and are accepted one or two at a time; mixed, the chain drafted
+    EAGLE deeper than EAGLE alone did on chat (k = 2 against 1, on the 2-core EPYC) and cut
+    lookup's long copies to EAGLE's k (docs/heads.md, "Prompt lookup in front")."""
+
+    members: list[str]
+    max_k: int = 8
+    controllers: dict[str, AdaptiveK] = field(default_factory=dict)
+    declined: dict[str, int] = field(default_factory=dict)  # rounds left to those behind
+
+    def __post_init__(self) -> None:
+        if not self.members or len(set(self.members)) != len(self.members):
+            raise ValueError(f"a fallback chain needs distinct drafters, got {self.members}")
+        self.controllers = self.controllers or _member_controllers(self.members, self.max_k)
+        self.declined = self.declined or dict.fromkeys(self.members, 0)
+
+    def choose_k(self) -> int:
+        """The most any member would draft this round (0: none would)."""
+        return max(controller.choose_k() for controller in self.controllers.values())
+
+    def member_k(self, member: str) -> int:
+        """How many tokens ``member`` drafts, when asked in turn (0: leave the round to the
+        members behind it). Counts a round left to them."""
+        k = self.controllers[member].choose_k()
+        behind = self.members[self.members.index(member) + 1 :]
+        if not behind:
+            return k
+        if k > 0 and self._pays(member, behind):
+            return k
+        self.declined[member] += 1
+        return max(k, 1) if self.declined[member] % EXPLORE_EVERY == 0 else 0
+
+    def _pays(self, member: str, behind: list[str]) -> bool:
+        """Whether ``member``'s best expected rate is at least every one behind it. Measure
+        first: the members behind it (else a front member that always has a proposal would
+        keep them unmeasured), then it."""
+        others = [self.controllers[name].rates() for name in behind]
+        if any(rates is None for rates in others):
+            return False
+        own = self.controllers[member].rates()
+        if own is None:
+            return True
+        return max(own) >= max(max(rates) for rates in others if rates is not None)
+
+    def keep_going(self, member: str, confidences: list[float]) -> bool:
+        return self.controllers[member].keep_going(confidences)
+
+    def observe(
+        self,
+        member: str | None,
+        k: int,
+        num_accepted: int,
+        confidences: list[float] | None,
+        draft_seconds: float,
+        pass_seconds: float,
+        caught_up: bool = False,
+    ) -> None:
+        """A round ``member`` drafted; a round without drafts (``member`` None, or k = 0)
+        is the last member's: it drafts whenever it is asked to (``member_k``)."""
+        if member is None or k == 0:
+            member, k = self.members[-1], 0
+        self.controllers[member].observe(
+            k, num_accepted, confidences, draft_seconds, pass_seconds, caught_up
+        )
+
+
+def _member_controllers(members: list[str], max_k: int) -> dict[str, AdaptiveK]:
+    """One ``AdaptiveK`` per member, all with one table of the target's pass costs."""
+    passes: dict[int, float] = {}
+    history: dict[int, deque] = {}
+    return {
+        name: AdaptiveK(max_k=max_k, pass_seconds=passes, pass_history=history) for name in members
+    }
+
+
+KPolicy = AdaptiveK | DrafterChoice | FallbackK  # the k policy of k=auto requests
 
 
 def _rate(counts: list[float], prior: float) -> float:

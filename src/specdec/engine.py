@@ -14,16 +14,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 
 from specdec.backends.base import Backend, sync_cache
 from specdec.config import SamplingParams, SpecConfig
-from specdec.controller import AdaptiveK, BatchDrafting, DrafterChoice
+from specdec.controller import AdaptiveK, BatchDrafting, DrafterChoice, FallbackK, KPolicy
 from specdec.detokenizer import Detokenizer
-from specdec.drafters.base import Drafter, Drafting, Proposal, drafting_of, drive
-from specdec.drafters.composite import ChoiceDrafter
+from specdec.drafters.base import Drafter, Drafting, KeepGoing, Proposal, drafting_of, drive
+from specdec.drafters.composite import ChoiceDrafter, FallbackDrafter
 from specdec.metrics import SpecStats
 from specdec.sampling import Sampler, logits_to_probs
 from specdec.verify import VerifyResult, verify_coupled, verify_greedy, verify_stochastic
@@ -79,7 +80,7 @@ class Engine:
         self,
         target: Backend,
         drafter: Drafter | None = None,
-        controller: AdaptiveK | DrafterChoice | None = None,
+        controller: KPolicy | None = None,
     ):
         """``controller``: the k policy of ``k="auto"`` requests (``new_controller``). Pass
         one to share what it learns (acceptance, costs) between engines, as the server does
@@ -142,12 +143,23 @@ class Engine:
         return prompt
 
 
-def new_controller(drafter: Drafter | None, max_k: int) -> AdaptiveK | DrafterChoice:
-    """The k policy of adaptive requests with ``drafter``: an ``AdaptiveK``, or for a choice
-    of drafters a ``DrafterChoice`` (one ``AdaptiveK`` per member)."""
+def new_controller(drafter: Drafter | None, max_k: int) -> KPolicy:
+    """The k policy of adaptive requests with ``drafter``: an ``AdaptiveK``; for a choice
+    of drafters a ``DrafterChoice``, for a fallback chain of distinct members a
+    ``FallbackK`` (each with one ``AdaptiveK`` per member)."""
     if isinstance(drafter, ChoiceDrafter):
         return DrafterChoice(list(drafter.members), max_k=max_k)
+    if _chain_members(drafter):
+        return FallbackK(_chain_members(drafter), max_k=max_k)
     return AdaptiveK(max_k=max_k)
+
+
+def _chain_members(drafter: Drafter | None) -> list[str]:
+    """A fallback chain's member names, when distinct (else [])."""
+    if not isinstance(drafter, FallbackDrafter):
+        return []
+    names = [member.name for member in drafter.drafters]
+    return names if len(set(names)) == len(names) else []
 
 
 def _suits(controller, drafter: Drafter | None, max_k: int) -> bool:
@@ -156,7 +168,9 @@ def _suits(controller, drafter: Drafter | None, max_k: int) -> bool:
         return False
     if isinstance(drafter, ChoiceDrafter):
         return isinstance(controller, DrafterChoice) and controller.members == list(drafter.members)
-    return not isinstance(controller, DrafterChoice)  # an AdaptiveK, or one like it
+    if _chain_members(drafter):
+        return isinstance(controller, FallbackK) and controller.members == _chain_members(drafter)
+    return not isinstance(controller, (DrafterChoice, FallbackK))  # an AdaptiveK, or one like it
 
 
 class Run:
@@ -173,8 +187,11 @@ class Run:
         self.target = engine.target
         self.drafter = engine.drafter
         self.params = params
-        self.controller: AdaptiveK | DrafterChoice | None = None
+        self.controller: KPolicy | None = None
         self.member: str | None = None  # a choice of drafters: this round's
+        # A fallback chain: the round after which each member last drafted (a member that
+        # did not draft the round before catches up on the text within its draft)
+        self._chain_drafted: dict[str, int] = {}
         # The round up to which each drafter has followed the text (a choice's members by
         # name; None: the one drafter): the rounds it drafted, and the prefill. One that sat
         # out rounds first catches up on the text, a cost the k controller does not count.
@@ -230,6 +247,7 @@ class Run:
             self.drafter.prepare(self.context)
             members = self.drafter.members if isinstance(self.drafter, ChoiceDrafter) else [None]
             self._fed = dict.fromkeys(members, 0)
+            self._chain_drafted = dict.fromkeys(_chain_members(self.drafter), -1)
 
     def _round(self) -> Chunk:
         proposal, draft_seconds = self.propose()
@@ -268,6 +286,9 @@ class Run:
             if isinstance(self.controller, DrafterChoice):
                 assert self.member is not None, "a round of a choice drafts with a member"
                 self.controller.observe(self.member, *measured, caught_up=self._sat_out > 0)
+            elif isinstance(self.controller, FallbackK):
+                member = proposal.drafter if k else None
+                self.controller.observe(member, *measured, caught_up=self._chain_caught_up(member))
             else:
                 self.controller.observe(*measured, caught_up=self._sat_out > 0)
         chunk = self._emit(result, proposal)
@@ -322,10 +343,31 @@ class Run:
             return Proposal([])
         assert self.drafter is not None, "k > 0 only with a drafter"
         controller = self._round_policy()
-        keep_going = controller.keep_going if controller is not None else None
-        proposal = yield from drafting_of(self.drafter, self.context, k, self.sampler, keep_going)
+        if isinstance(controller, FallbackK):
+            assert isinstance(self.drafter, FallbackDrafter), "a FallbackK goes with one"
+            chain = controller
+
+            def policy(member: str) -> tuple[int, KeepGoing]:
+                return min(k, chain.member_k(member)), partial(chain.keep_going, member)
+
+            proposal = yield from self.drafter.drafting_with(self.context, policy, self.sampler)
+        else:
+            keep_going = controller.keep_going if controller is not None else None
+            proposal = yield from drafting_of(
+                self.drafter, self.context, k, self.sampler, keep_going
+            )
         assert len(proposal.token_ids) <= k, "drafter proposed more than k tokens"
         return proposal
+
+    def _chain_caught_up(self, member: str | None) -> bool:
+        """A fallback chain's round: whether its drafting member first caught up on text it
+        had not followed (it did not draft the round before, or the whole chain sat out)."""
+        this_round = self.stats.rounds - 1  # finish_round has recorded it
+        if member is None:
+            return False
+        before = self._chain_drafted.get(member)
+        self._chain_drafted[member] = this_round
+        return self._sat_out > 0 or before != this_round - 1
 
     def _draft_k(self, max_k: int | None) -> int:
         remaining = self.params.max_tokens - len(self.generated)
@@ -343,7 +385,7 @@ class Run:
             k = min(k, self.target.max_length - len(self.context) - 1)
         return k
 
-    def _round_policy(self) -> AdaptiveK | None:
+    def _round_policy(self) -> AdaptiveK | FallbackK | None:
         """This round's k policy: the controller; for a choice of drafters, the member
         chosen for the round (by ``_draft_k``) has its own."""
         if isinstance(self.controller, DrafterChoice):

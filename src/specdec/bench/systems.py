@@ -26,7 +26,7 @@ from specdec.bench.openvino import OWN_PLAIN as OPENVINO_OWN_PLAIN
 from specdec.bench.openvino import SYSTEMS as OPENVINO_SYSTEMS
 from specdec.bench.openvino import OpenVinoSystem
 from specdec.config import SamplingParams, SpecConfig
-from specdec.controller import AdaptiveK, DrafterChoice
+from specdec.controller import KPolicy
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
 from specdec.drafters.recipe import KINDS, build_drafter, describe_recipe, is_choice, is_recipe
 from specdec.engine import Engine
@@ -165,7 +165,7 @@ class SpecdecSystem:
     ):
         self.name, self.pool, self.runtime, self.make_drafter = name, pool, runtime, make_drafter
         self.spec = SpecConfig(k=k, verification=verification)
-        self.controller: AdaptiveK | DrafterChoice | None = None
+        self.controller: KPolicy | None = None
 
     @property
     def needs(self) -> set[tuple[str, str]]:

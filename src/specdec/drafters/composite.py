@@ -2,13 +2,13 @@
 choice (one member drafts each round, chosen from measured rounds).
 
 ``FallbackDrafter([PromptLookupDrafter(), ModelDrafter(small)])`` copies from the context
-when it can (free) and asks the small model otherwise. Each proposal names its drafter, so
-the stats report rounds and acceptance per member.
+when it finds a match of 2+ tokens (free) and asks the small model otherwise. Each proposal
+names its drafter, so the stats report rounds and acceptance per member.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from specdec.drafters.base import (
     Drafter,
@@ -19,6 +19,9 @@ from specdec.drafters.base import (
     drafting_of,
 )
 from specdec.sampling import Sampler
+
+# A member's name -> the k it drafts at (0: it leaves the round to the next) and its early stop
+MemberPolicy = Callable[[str], tuple[int, KeepGoing | None]]
 
 
 def common_vocab_size(drafters: Sequence[Drafter]) -> int | None:
@@ -35,6 +38,10 @@ class FallbackDrafter(StepwiseDrafter):
         if not drafters:
             raise ValueError("FallbackDrafter needs at least one drafter")
         self.drafters = list(drafters)
+        for drafter in self.drafters[:-1]:
+            in_front = getattr(drafter, "put_in_front", None)  # e.g. lookup: longer matches only
+            if in_front is not None:
+                in_front()
         self.name = "+".join(d.name for d in drafters)
         self.vocab_size = common_vocab_size(self.drafters)
 
@@ -50,9 +57,20 @@ class FallbackDrafter(StepwiseDrafter):
         keep_going: KeepGoing | None = None,
     ) -> Drafting:
         """``propose``, one member's draft pass per step (see ``drafters.base.Drafting``)."""
+        return (yield from self.drafting_with(context, lambda _: (k, keep_going), sampler))
+
+    def drafting_with(
+        self, context: Sequence[int], policy: MemberPolicy, sampler: Sampler | None = None
+    ) -> Drafting:
+        """``drafting`` with each member's own k and early stop, ``policy(member name)``
+        (``controller.FallbackK``); a member given k = 0 leaves the round to the next."""
         proposal = Proposal([], drafter=self.name)
         for drafter in self.drafters:
+            k, keep_going = policy(drafter.name)
+            if k <= 0:
+                continue
             proposal = yield from drafting_of(drafter, context, k, sampler, keep_going)
+            assert len(proposal.token_ids) <= k, f"{drafter.name} proposed more than k tokens"
             if proposal.token_ids:
                 return proposal
         return proposal

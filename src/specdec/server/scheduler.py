@@ -31,7 +31,7 @@ from specdec.backends.batched import BatchedModel, supports
 from specdec.backends.hf import HFModel
 from specdec.backends.llamacpp import LlamaCppModel
 from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
-from specdec.controller import AdaptiveK, BatchDrafting, DrafterChoice
+from specdec.controller import BatchDrafting, KPolicy
 from specdec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from specdec.drafters.recipe import available_recipes, build_drafter, is_recipe, parse_recipe
 from specdec.engine import Chunk, Engine, Run, new_controller, step_together
@@ -103,7 +103,7 @@ class Scheduler:
         self.on_queue_change = on_queue_change or (lambda waiting, active: None)
         self.on_batched_pass: Callable[[int], None] = lambda requests: None
         self.on_prefix_reused: Callable[[int], None] = lambda tokens: None
-        self.controllers: dict[str, AdaptiveK | DrafterChoice] = {}
+        self.controllers: dict[str, KPolicy] = {}
         self.batch_drafting = BatchDrafting()  # whether a batched step drafts, by batch size
         self._pending: collections.deque[Job] = collections.deque()
         self._active: list[_Active] = []
