@@ -585,32 +585,33 @@ def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     target = backend(target_model)
     fingerprint = target_fingerprint(target_model)
     entry = store.entry_dir(str(tmp_path), fingerprint, "tiny")
-    assert auto_recipe(target, str(tmp_path), "tiny") == ("model", NO_HEADS)
+    assert auto_recipe(target, str(tmp_path), "tiny") == ("lookup+model", NO_HEADS)
     heads, _ = trained["eagle"]
     store.save(entry, "eagle", heads.config.to_dict() | {"fingerprint": fingerprint}, {})
     store.save_eval(entry, "eagle", {"predicted_speedup": 0.9})
     recipe, why = auto_recipe(target, str(tmp_path), "tiny")
-    assert recipe == "model" and "0.90x" in why  # heads predicted slower than plain
+    assert recipe == "lookup+model" and "0.90x" in why  # heads predicted slower than plain
     # Heads predicted faster than plain, the draft model never evaluated: nothing says which
-    # is faster, so both, chosen round by round (the heads alone without a choice).
+    # is faster, so both, chosen round by round (the heads alone without a choice). Prompt
+    # lookup goes in front of one drafter, not of a choice.
     store.save_eval(entry, "eagle", {"predicted_speedup": 1.05})
     recipe, why = auto_recipe(target, str(tmp_path), "tiny")
     assert recipe == "model/eagle" and "draft model not evaluated" in why
-    assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "eagle"
+    assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "lookup+eagle"
     store.save_eval(entry, "eagle", {"predicted_speedup": 0.9})
     store.save_eval(entry, "model", {"predicted_speedup": 0.8})
     # Heads predicted fastest, the draft model evaluated too: the heads alone (a choice of
     # both ran behind the faster alone), whether or not a choice could be made.
-    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "eagle"
-    assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "eagle"
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "lookup+eagle"
+    assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "lookup+eagle"
     store.save_eval(entry, "eagle", {"predicted_speedup": 2.1})
     store.save_eval(entry, "model", {"predicted_speedup": 1.6})
     recipe, why = auto_recipe(target, str(tmp_path), "tiny")
-    assert recipe == "eagle" and "eagle 2.10x, model 1.60x" in why
+    assert recipe == "lookup+eagle" and "eagle 2.10x, model 1.60x" in why
     store.save_eval(entry, "medusa", {"predicted_speedup": 3.0})  # evaluated, then deleted
-    assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "eagle"
+    assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "lookup+eagle"
     store.save_eval(entry, "model", {"predicted_speedup": 2.5})
-    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "model"
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "lookup+model"
 
 
 def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, trained):
@@ -632,17 +633,17 @@ def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, train
     store.save_eval(entry, "eagle", {"predicted_speedup": 1.2})
     store.save_eval(entry, "model", {"predicted_speedup": 1.5})
     recipe, why = auto_recipe(target, str(tmp_path), "tiny")
-    assert recipe == "model" and "(int8 target): eagle 1.20x, model 1.50x" in why
+    assert recipe == "lookup+model" and "(int8 target): eagle 1.20x, model 1.50x" in why
     store.save_eval(entry, "eagle", {"predicted_speedup": 1.4}, "int4")
     store.save_eval(entry, "model", {"predicted_speedup": 1.1}, "int4")
     recipe, why = auto_recipe(target, str(tmp_path), "tiny", can_choose=False)
-    assert recipe == "eagle" and "(int4 target): eagle 1.40x, model 1.10x" in why
+    assert recipe == "lookup+eagle" and "(int4 target): eagle 1.40x, model 1.10x" in why
     listing = "\n".join(store.list_entries(str(tmp_path)))
     assert "int4 target" in listing and "int8 target" in listing
     # Heads trained again: their old evaluations (every runtime) no longer count.
     store.save(entry, "eagle", heads.config.to_dict() | {"fingerprint": fingerprint}, {})
     assert sorted(store.read_evals(entry)) == [("model", "int4"), ("model", "int8")]
-    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "model"
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "lookup+model"
 
 
 # ---- chat-like data: the target's own replies --------------------------------------------
