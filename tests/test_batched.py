@@ -8,8 +8,8 @@ from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends.batched import BatchedModel, supports
 from specdec.backends.int8 import make_int8_batch_invariant
 from specdec.doctor import real_size_int8_model
-from specdec.drafters import ModelDrafter, PromptLookupDrafter
-from specdec.drafters.base import Proposal
+from specdec.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter
+from specdec.drafters.base import Drafter, Proposal
 from specdec.engine import step_together
 
 
@@ -191,14 +191,19 @@ class CountingBatchedModel(BatchedModel):
         return super().forward_many(work)
 
 
-def run_together(int8_model, draft, requests, max_rows=None):
+def run_together(int8_model, draft, requests, max_rows=None, lookup_in_front=False, runs=None):
     """Decode ``requests`` [(prompt, params, spec)] in batched steps; their outputs.
-    ``draft``: a BatchedModel (drafts of all requests in one pass per step) or a model."""
+    ``draft``: a BatchedModel (drafts of all requests in one pass per step) or a model;
+    ``lookup_in_front``: each request drafts with ``lookup+model``; ``runs``: a list that
+    gets the requests' runs."""
     batched = BatchedModel(int8_model)
-    runs = []
+    runs = [] if runs is None else runs
     for prompt, params, spec in requests:
         sequence = draft.sequence() if isinstance(draft, BatchedModel) else backend(draft)
-        engine = Engine(batched.sequence(), ModelDrafter(sequence))
+        drafter: Drafter = ModelDrafter(sequence)
+        if lookup_in_front:
+            drafter = FallbackDrafter([PromptLookupDrafter(), drafter])
+        engine = Engine(batched.sequence(), drafter)
         run = engine.begin(prompt, params, spec)
         run.start()
         runs.append(run)
@@ -251,6 +256,25 @@ def test_batched_requests_decode_what_each_decodes_alone(
     for (prompt, params, spec), tokens in zip(requests, together, strict=True):
         engine = Engine(backend(int8_model), ModelDrafter(backend(int8_draft)))
         assert tokens == engine.generate(prompt, params, spec).token_ids
+
+
+def test_batched_chains_at_k_auto_decode_what_plain_decoding_does(int8_model, int8_draft):
+    """lookup+model (the server's default without heads), each member its own k, in batched
+    steps with batched drafts: greedy and seeded sampled requests give plain decoding's
+    tokens, and both members draft."""
+    repetitive = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    requests = [
+        (prompt, SamplingParams(max_tokens=30, ignore_eos=True, **extra), SpecConfig(k="auto"))
+        for prompt in (repetitive, ids(2, 9), repetitive[2:])
+        for extra in ({"temperature": 0.0}, {"temperature": 0.9, "seed": 3})
+    ]
+    draft, runs = CountingBatchedModel(int8_draft), []
+    together = run_together(int8_model, draft, requests, lookup_in_front=True, runs=runs)
+    for (prompt, params, _), tokens in zip(requests, together, strict=True):
+        assert tokens == Engine(backend(int8_model)).generate(prompt, params).token_ids
+    assert max(draft.sizes) > 1
+    drafted_by = {name for run in runs for name in run.stats.by_drafter}
+    assert {"lookup", "model"} <= drafted_by
 
 
 def test_each_run_is_charged_its_share_of_a_batched_step(int8_model, int8_draft):
