@@ -100,10 +100,10 @@ def auto_recipe(
     fastest (``_auto_drafter``; not in front of a choice): a copy from the prompt is taken
     where it matches 2+ tokens and copies have paid in the run (``drafters.lookup``,
     ``controller.FallbackK``). Measured on the AMD EPYC (Zen 4, 2 cores, int4 target, the
-    90-minute EAGLE head), run by run over the bench's four workloads, two runs, chat /
-    code / edit / summary: in front of EAGLE 1.010 / 0.985 / 1.261 / 1.427 and 1.011 /
-    1.041 / 1.152 / 1.499 of EAGLE alone; in front of the 0.5B draft 1.003 / 1.029 / 1.095 /
-    1.290 of it (docs/heads.md, "Prompt lookup in front")."""
+    90-minute EAGLE head), run by run over the bench's four workloads, three runs, chat /
+    code / edit / summary: in front of EAGLE 1.010 / 0.985 / 1.261 / 1.427, 1.011 / 1.041 /
+    1.152 / 1.499 and 1.095 / 0.966 / 1.158 / 1.431 of EAGLE alone; in front of the 0.5B
+    draft 1.003 / 1.029 / 1.095 / 1.290 of it (docs/heads.md, "Prompt lookup in front")."""
     recipe, why = _auto_drafter(target, cache_dir, target_name, can_choose)
     return (recipe if is_choice(recipe) else f"lookup+{recipe}"), why
 
