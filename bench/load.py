@@ -2,10 +2,11 @@
 
 python bench/load.py [--concurrency 2,4,8,16] [--workloads code,chat] [--max-tokens 48]
                      [--modes batched,batched-no-prefix,turns] [--bursts 3] [--out DIR]
+                     [--drafter RECIPE]
 
-Each mode is one `specdec serve --max-active 16` process (int8 pair, the default drafter,
-k auto): `batched` as shipped (one target pass per step for every active request, the draft
-passes batched too, a prompt prefix another request's cache holds copied),
+Each mode is one `specdec serve --max-active 16` process (int8 pair, the default drafter
+or --drafter's, k auto): `batched` as shipped (one target pass per step for every active
+request, the draft passes batched too, a prompt prefix another request's cache holds copied),
 `batched-no-prefix` with --no-prefix-sharing (every prompt computed in full), `turns` with
 --no-batching (requests take turns, one round each: the behaviour before continuous
 batching). After a warm-up request, each workload's prompts are
@@ -80,7 +81,8 @@ def count_tokens(texts: list[str]) -> list[int]:
 def run_mode(
     flags: list[str], workloads: list[str], levels: list[int], max_tokens: int, bursts: int
 ) -> dict:
-    log = open(f"/tmp/load-{'-'.join(flags) or 'batched'}.log", "w")  # noqa: SIM115
+    name = "-".join(flag.strip("-").replace("/", "_") for flag in flags) or "batched"
+    log = open(f"/tmp/load-{name}.log", "w")  # noqa: SIM115
     server = subprocess.Popen(
         ["specdec", "serve", "--port", str(PORT), "--max-active", "16", *flags],
         stdout=log,
@@ -212,11 +214,15 @@ def main() -> int:
         "--bursts", type=int, default=3, help="bursts per concurrency level (default: 3)"
     )
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--drafter", help="the server's --drafter (default: its own, auto), e.g. lookup+model"
+    )
     args = parser.parse_args()
+    drafter = ["--drafter", args.drafter] if args.drafter else []
     levels = [int(n) for n in args.concurrency.split(",")]
     workloads = args.workloads.split(",")
     results = {
-        mode: run_mode(MODES[mode], workloads, levels, args.max_tokens, args.bursts)
+        mode: run_mode(MODES[mode] + drafter, workloads, levels, args.max_tokens, args.bursts)
         for mode in args.modes.split(",")
     }
     table = summarize(results, args.max_tokens)

@@ -434,6 +434,9 @@ def test_serve_takes_a_runtime_per_model(model_dirs):
     assert isinstance(scheduler.draft_model.get_output_embeddings(), RowInt8Linear)
     assert not isinstance(scheduler.target_model.get_output_embeddings(), RowInt8Linear)
     assert exit_code(["serve", "--target-runtime", "tpu:fp8"]) == 2
+    # --drafter auto without heads: the draft model, without generate's lookup in front
+    args = build_parser().parse_args(["serve", "--target", str(target), "--draft", str(draft)])
+    assert build_scheduler(_server_config(args, threads=None)).default_drafter == "model"
 
 
 @pytest.mark.parametrize("int4_ms, expected", [(12.4, "int4"), (13.0, "llamacpp:q4_0")])

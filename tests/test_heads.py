@@ -586,6 +586,7 @@ def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     fingerprint = target_fingerprint(target_model)
     entry = store.entry_dir(str(tmp_path), fingerprint, "tiny")
     assert auto_recipe(target, str(tmp_path), "tiny") == ("lookup+model", NO_HEADS)
+    assert auto_recipe(target, str(tmp_path), "tiny", lookup_in_front=False)[0] == "model"
     heads, _ = trained["eagle"]
     store.save(entry, "eagle", heads.config.to_dict() | {"fingerprint": fingerprint}, {})
     store.save_eval(entry, "eagle", {"predicted_speedup": 0.9})
@@ -608,6 +609,8 @@ def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     store.save_eval(entry, "model", {"predicted_speedup": 1.6})
     recipe, why = auto_recipe(target, str(tmp_path), "tiny")
     assert recipe == "lookup+eagle" and "eagle 2.10x, model 1.60x" in why
+    # serve's auto leaves lookup out (it ran behind under load on chat)
+    assert auto_recipe(target, str(tmp_path), "tiny", lookup_in_front=False)[0] == "eagle"
     store.save_eval(entry, "medusa", {"predicted_speedup": 3.0})  # evaluated, then deleted
     assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "lookup+eagle"
     store.save_eval(entry, "model", {"predicted_speedup": 2.5})

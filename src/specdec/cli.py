@@ -174,9 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
             "none",
         ],
         help="default drafter; a request may pick another with the 'drafter' field "
-        "(medusa/eagle: heads trained with 'specdec heads train'; auto: prompt lookup "
-        "in front of the drafter 'specdec heads eval' predicts fastest here, "
-        "lookup+model if none is evaluated)",
+        "(medusa/eagle: heads trained with 'specdec heads train'; auto: the drafter "
+        "'specdec heads eval' predicts fastest here, model if none is evaluated; without "
+        "the prompt lookup in front that generate's auto adds, which measured behind under "
+        "load on chat)",
     )
     serve.add_argument(
         "-k",

@@ -58,7 +58,9 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
         from specdec.heads.load import auto_recipe
 
         can_choose = config.draft is not None and config.k == "auto"
-        default_drafter, why = auto_recipe(target, config.cache_dir, config.target, can_choose)
+        default_drafter, why = auto_recipe(
+            target, config.cache_dir, config.target, can_choose, lookup_in_front=False
+        )
         sys.stderr.write(f"specdec: drafter auto -> {default_drafter} ({why})\n")
     draft = None
     if config.draft is not None and "model" in default_drafter:
