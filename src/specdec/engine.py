@@ -478,8 +478,9 @@ def step_together(
     if not drafting:
         share = 0
     results: list[Chunk | Exception | None] = [None] * len(runs)
-    step_started = time.perf_counter()
-    proposals, draft_seconds = _draft_together(runs, share)
+    step_started = started = time.perf_counter()
+    proposals = _draft_together(runs, share)
+    draft_seconds = time.perf_counter() - started
     pending = []
     for i, proposal in enumerate(proposals):
         if isinstance(proposal, Exception):
@@ -498,16 +499,18 @@ def step_together(
         else:
             pass_seconds = time.perf_counter() - started
             # Each run is charged its share of the pass (by rows scored) and of the lockstep
-            # drafting (``_draft_together``: the passes it took part in): what its rounds
-            # cost the batch. Charging each the whole batch's time would teach its k
-            # controller that drafting costs N times what it does, and a run left alone
-            # would never draft again.
+            # drafting (by tokens drafted): what its rounds cost the batch. Charging each the
+            # whole batch's time would teach its k controller that drafting costs N times
+            # what it does, and a run left alone would never draft again.
             rows_total = sum(len(proposal.token_ids) + 1 for _, _, proposal in pending)
+            drafted_total = sum(len(proposal.token_ids) for _, _, proposal in pending)
             for (i, run, proposal), rows in zip(pending, logits, strict=True):
-                pass_share = pass_seconds * (len(proposal.token_ids) + 1) / rows_total
+                k = len(proposal.token_ids)
+                draft_share = draft_seconds * k / drafted_total if k else 0.0
+                pass_share = pass_seconds * (k + 1) / rows_total
                 try:
                     results[i] = run.finish_round(
-                        proposal, draft_seconds[i], rows, pass_share, observe=drafting
+                        proposal, draft_share, rows, pass_share, observe=drafting
                     )
                 except Exception as error:
                     results[i] = error
@@ -519,22 +522,15 @@ def step_together(
     return done
 
 
-def _draft_together(
-    runs: Sequence[Run], share: int | None
-) -> tuple[list[Proposal | Exception], list[float]]:
+def _draft_together(runs: Sequence[Run], share: int | None) -> list[Proposal | Exception]:
     """Every run's drafting in lockstep: at each step the draft passes of sequences of one
     ``BatchedModel`` run as one pass, other passes one by one. A run whose drafting fails
-    (or whose batched pass fails) gets the exception. With the proposals, the seconds each
-    run's drafting cost: its own work between passes and an equal share of every pass it
-    took part in (a copy from the prompt, in no pass, costs next to nothing; shared by
-    tokens drafted instead, copies were charged for the draft model's passes)."""
+    (or whose batched pass fails) gets the exception."""
     results: list[Proposal | Exception | None] = [None] * len(runs)
-    seconds = [0.0] * len(runs)
     steps = {i: run.drafting(share) for i, run in enumerate(runs)}
     calls: dict[int, tuple[Any, list[int]]] = {}
 
     def advance(i: int, logits: torch.Tensor | None) -> None:
-        started = time.perf_counter()
         try:
             calls[i] = next(steps[i]) if logits is None else steps[i].send(logits)
         except StopIteration as done:
@@ -543,7 +539,6 @@ def _draft_together(
         except Exception as error:
             results[i] = error
             calls.pop(i, None)
-        seconds[i] += time.perf_counter() - started
 
     for i in steps:
         advance(i, None)
@@ -554,7 +549,6 @@ def _draft_together(
             key = id(batched) if batched is not None else -1 - i
             groups.setdefault(key, (batched, []))[1].append(i)
         for batched, members in groups.values():
-            started = time.perf_counter()
             try:
                 if batched is not None:
                     outs = batched.forward_many([(*calls[i], True) for i in members])
@@ -567,11 +561,8 @@ def _draft_together(
                     calls.pop(i)
                     steps[i].close()
                 continue
-            elapsed = time.perf_counter() - started
-            for i in members:
-                seconds[i] += elapsed / len(members)
             for i, out in zip(members, outs, strict=True):
                 advance(i, out)
     done = [result for result in results if result is not None]
     assert len(done) == len(runs), "every run drafted or failed"
-    return done, seconds
+    return done
