@@ -473,6 +473,23 @@ def test_a_chain_greedy_equals_plain_and_each_member_drafts(pair):
     assert all(c.rounds >= 2 for c in engine.controller.controllers.values())
 
 
+def test_a_nested_chain_learns_under_its_members_names(pair):
+    """A chain inside a chain: the outer chain's k policy knows the inner one by its name
+    (``lookup+model``), though its proposals name the inner member that drafted."""
+    target, draft = pair
+    inner = FallbackDrafter([PromptLookupDrafter(min_ngram=1), ModelDrafter(backend(draft))])
+    worse = ModelDrafter(backend(perturbed_copy(target, noise=0.3, seed=12)))
+    worse.name = "worse"
+    engine = Engine(backend(target), FallbackDrafter([inner, worse]))
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    prompt = [5, 9, 5, 9, 5, 9, 5]
+    out = engine.generate(prompt, params, SpecConfig(k="auto", max_k=4))
+    assert out.token_ids == Engine(backend(target)).generate(prompt, params).token_ids
+    assert isinstance(engine.controller, FallbackK)
+    assert engine.controller.members == ["lookup+model", "worse"]
+    assert engine.controller.controllers["lookup+model"].rounds > 0
+
+
 @pytest.mark.parametrize("verification", ["rejection", "coupled"])
 def test_a_chain_samples_exactly(pair, verification):
     """Rounds drafted by either member, each at its own k, one a point mass: every

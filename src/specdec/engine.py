@@ -192,6 +192,7 @@ class Run:
         # A fallback chain: the round after which each member last drafted (a member that
         # did not draft the round before catches up on the text within its draft)
         self._chain_drafted: dict[str, int] = {}
+        self._chain_member: str | None = None  # and the member that drafted this round
         # The round up to which each drafter has followed the text (a choice's members by
         # name; None: the one drafter): the rounds it drafted, and the prefill. One that sat
         # out rounds first catches up on the text, a cost the k controller does not count.
@@ -287,7 +288,7 @@ class Run:
                 assert self.member is not None, "a round of a choice drafts with a member"
                 self.controller.observe(self.member, *measured, caught_up=self._sat_out > 0)
             elif isinstance(self.controller, FallbackK):
-                member = proposal.drafter if k else None
+                member = self._chain_member if k else None
                 self.controller.observe(member, *measured, caught_up=self._chain_caught_up(member))
             else:
                 self.controller.observe(*measured, caught_up=self._sat_out > 0)
@@ -345,10 +346,15 @@ class Run:
         controller = self._round_policy()
         if isinstance(controller, FallbackK):
             assert isinstance(self.drafter, FallbackDrafter), "a FallbackK goes with one"
-            chain = controller
+            chain, self._chain_member = controller, None
 
             def policy(member: str) -> tuple[int, KeepGoing]:
-                return min(k, chain.member_k(member)), partial(chain.keep_going, member)
+                # the last member asked to draft is the one whose proposal is taken (a
+                # member's own name: a nested chain's proposal names its inner member)
+                member_k = min(k, chain.member_k(member))
+                if member_k > 0:
+                    self._chain_member = member
+                return member_k, partial(chain.keep_going, member)
 
             proposal = yield from self.drafter.drafting_with(self.context, policy, self.sampler)
         else:

@@ -56,7 +56,6 @@ class PromptLookupDrafter:
         unless ``min_ngram`` was given."""
         if not self._min_ngram_given:
             self.min_ngram = min(IN_FRONT_MIN_NGRAM, self.max_ngram)
-            self._tokens, self._latest_end = [], {}  # the index holds the shortest n-grams kept
 
     def prepare(self, context: Sequence[int]) -> None:
         self._sync(context)
