@@ -149,9 +149,8 @@ def new_controller(drafter: Drafter | None, max_k: int) -> KPolicy:
     ``FallbackK`` (each with one ``AdaptiveK`` per member)."""
     if isinstance(drafter, ChoiceDrafter):
         return DrafterChoice(list(drafter.members), max_k=max_k)
-    if _chain_members(drafter):
-        return FallbackK(_chain_members(drafter), max_k=max_k)
-    return AdaptiveK(max_k=max_k)
+    chain = _chain_members(drafter)
+    return FallbackK(chain, max_k=max_k) if chain else AdaptiveK(max_k=max_k)
 
 
 def _chain_members(drafter: Drafter | None) -> list[str]:
@@ -168,8 +167,9 @@ def _suits(controller, drafter: Drafter | None, max_k: int) -> bool:
         return False
     if isinstance(drafter, ChoiceDrafter):
         return isinstance(controller, DrafterChoice) and controller.members == list(drafter.members)
-    if _chain_members(drafter):
-        return isinstance(controller, FallbackK) and controller.members == _chain_members(drafter)
+    chain = _chain_members(drafter)
+    if chain:
+        return isinstance(controller, FallbackK) and controller.members == chain
     return not isinstance(controller, (DrafterChoice, FallbackK))  # an AdaptiveK, or one like it
 
 
@@ -189,13 +189,11 @@ class Run:
         self.params = params
         self.controller: KPolicy | None = None
         self.member: str | None = None  # a choice of drafters: this round's
-        # A fallback chain: the round after which each member last drafted (a member that
-        # did not draft the round before catches up on the text within its draft)
-        self._chain_drafted: dict[str, int] = {}
-        self._chain_member: str | None = None  # and the member that drafted this round
+        self._chain_member: str | None = None  # a fallback chain: the member drafting
         # The round up to which each drafter has followed the text (a choice's members by
-        # name; None: the one drafter): the rounds it drafted, and the prefill. One that sat
-        # out rounds first catches up on the text, a cost the k controller does not count.
+        # name; None: the one drafter; a fallback chain's members by name too): the rounds
+        # it drafted, and the prefill. One that sat out rounds first catches up on the
+        # text, a cost the k controller does not count.
         self._fed: dict[str | None, int] = {}
         # Rounds this round's drafter sat out (0: it drafted the last one, or caught up apart)
         self._sat_out = 0
@@ -247,8 +245,7 @@ class Run:
             # draft later, the drafter catches up on the context first (``_begin_drafting``).
             self.drafter.prepare(self.context)
             members = self.drafter.members if isinstance(self.drafter, ChoiceDrafter) else [None]
-            self._fed = dict.fromkeys(members, 0)
-            self._chain_drafted = dict.fromkeys(_chain_members(self.drafter), -1)
+            self._fed = dict.fromkeys([*members, *_chain_members(self.drafter)], 0)
 
     def _round(self) -> Chunk:
         proposal, draft_seconds = self.propose()
@@ -368,12 +365,12 @@ class Run:
     def _chain_caught_up(self, member: str | None) -> bool:
         """A fallback chain's round: whether its drafting member first caught up on text it
         had not followed (it did not draft the round before, or the whole chain sat out)."""
-        this_round = self.stats.rounds - 1  # finish_round has recorded it
         if member is None:
             return False
-        before = self._chain_drafted.get(member)
-        self._chain_drafted[member] = this_round
-        return self._sat_out > 0 or before != this_round - 1
+        this_round = self.stats.rounds - 1  # finish_round has recorded it
+        fed = self._fed.get(member)
+        self._fed[member] = this_round + 1
+        return self._sat_out > 0 or fed != this_round
 
     def _draft_k(self, max_k: int | None) -> int:
         remaining = self.params.max_tokens - len(self.generated)

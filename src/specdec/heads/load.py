@@ -106,7 +106,7 @@ def auto_recipe(
     the drafter alone: ``python bench/load.py --concurrency 4,8 --workloads code,chat
     --bursts 2 --modes batched --drafter D`` on the int8 pair, two pairs of runs in ABBA
     order, lookup+model over model at 4 and 8 clients 0.947 and 0.928, then 0.83 and 0.80 on
-    chat, 0.945-1.00 on code (bench/results/2026-12-01-lookup-in-front-epyc-avx512/load-*;
+    chat, 0.945-1.00 on code (bench/results/2026-12-01-lookup-in-front-epyc-avx512/load1-4;
     not understood yet). Single-stream, a copy from the prompt is taken
     where it matches 2+ tokens and copies have paid in the run (``drafters.lookup``,
     ``controller.FallbackK``). Measured on the AMD EPYC (Zen 4, 2 cores, int4 target, the
