@@ -292,18 +292,39 @@ def torch_dtype(name: str):
 
 
 def machine() -> str:
+    """The CPU (its name, family/model and widest vector set: the two EPYC kinds share a
+    name), cores, OS, Python, torch, and any kernels held to a smaller instruction set."""
+    from specdec.backends.runtime_choice import ISA_VARIABLES
+
     cpu = platform.processor() or "unknown CPU"
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    cpu = fields.get("model name", cpu)
+    flags = set(fields.get("flags", "").split())
+    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
+    kind = ", ".join(
+        part
+        for part in (
+            f"family {fields['cpu family']} model {fields['model']}"
+            if "cpu family" in fields and "model" in fields
+            else "",
+            widest,
+        )
+        if part
+    )
+    if kind:
+        cpu = f"{cpu} ({kind})"
+    held = [f"{name}={os.environ[name]}" for name in ISA_VARIABLES if os.environ.get(name)]
     import torch
 
-    return (
+    described = (
         f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, "
         f"Python {platform.python_version()}, torch {torch.__version__} "
         f"({torch.get_num_threads()} threads)"
     )
+    return f"{described}; kernels held: {' '.join(held)}" if held else described
