@@ -9,7 +9,7 @@ import pytest
 
 from helpers import VOCAB, assert_same_distribution, backend, perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.controller import EXPLORE_EVERY, AdaptiveK, DrafterChoice, FallbackK
+from specdec.controller import EXPLORE_EVERY, AdaptiveK, DrafterChoice, FallbackK, Round
 from specdec.drafters import ChoiceDrafter, FallbackDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.theory import optimal_k
 
@@ -34,7 +34,7 @@ def test_explores_again_after_rounds_without_drafting():
     assert controller.choose_k() == 0
     for _ in range(40):
         controller.observe(
-            k=0, num_accepted=0, confidences=None, draft_seconds=0.0, pass_seconds=1.0
+            Round(k=0, num_accepted=0, confidences=None, draft_seconds=0.0, pass_seconds=1.0)
         )
     assert controller.choose_k() > 0
 
@@ -53,11 +53,13 @@ def test_a_controller_that_stopped_drafting_measures_a_draft_again():
     for _ in range(2 * EXPLORE_EVERY):
         chosen.append(controller.choose_k())
         controller.observe(
-            k=chosen[-1],
-            num_accepted=chosen[-1],
-            confidences=None,
-            draft_seconds=0.019 * chosen[-1],
-            pass_seconds=0.036 if chosen[-1] else 0.035,
+            Round(
+                k=chosen[-1],
+                num_accepted=chosen[-1],
+                confidences=None,
+                draft_seconds=0.019 * chosen[-1],
+                pass_seconds=0.036 if chosen[-1] else 0.035,
+            )
         )
         if chosen[-1] == 1 and controller.choose_k() > 0:
             break
@@ -106,11 +108,13 @@ def test_observe_learns_acceptance_and_costs():
     controller = AdaptiveK(max_k=4, decay=0.9)
     for _ in range(60):
         controller.observe(
-            k=4,
-            num_accepted=1,
-            confidences=[0.95, 0.95, 0.95, 0.95],
-            draft_seconds=0.4,
-            pass_seconds=2.0,
+            Round(
+                k=4,
+                num_accepted=1,
+                confidences=[0.95, 0.95, 0.95, 0.95],
+                draft_seconds=0.4,
+                pass_seconds=2.0,
+            )
         )
     assert controller.draft_step_seconds == pytest.approx(0.1)
     assert controller.pass_seconds[5] == pytest.approx(2.0)
@@ -151,10 +155,10 @@ class _Scripted(AdaptiveK):
     def choose_k(self) -> int:
         return 0 if self.rounds < self.idle or self.rounds == self.idle + 2 else 2
 
-    def observe(self, k, *measured, caught_up=False) -> None:
-        if k > 0:
-            self.caught_up.append(caught_up)
-        super().observe(k, *measured, caught_up=caught_up)
+    def observe(self, round_: Round) -> None:
+        if round_.k > 0:
+            self.caught_up.append(round_.caught_up)
+        super().observe(round_)
 
 
 class _SlowToCatchUp(ModelDrafter):
@@ -267,13 +271,13 @@ def test_a_slow_pass_does_not_stand_for_its_size_and_deeper_sizes_are_revisited(
     controller = AdaptiveK(max_k=8, decay=0.8)
     for seconds, draft in [(0.058, 0.09), (0.046, 0.05), (0.046, 0.05)]:
         controller.observe(
-            k=4, num_accepted=4, confidences=None, draft_seconds=draft, pass_seconds=seconds
+            Round(k=4, num_accepted=4, confidences=None, draft_seconds=draft, pass_seconds=seconds)
         )
     assert controller.pass_seconds[5] == pytest.approx(0.046)
     assert controller.draft_step_seconds == pytest.approx(0.0125)
     for _ in range(COST_WINDOW):  # the machine really got slower: followed within a window
         controller.observe(
-            k=4, num_accepted=4, confidences=None, draft_seconds=0.05, pass_seconds=0.060
+            Round(k=4, num_accepted=4, confidences=None, draft_seconds=0.05, pass_seconds=0.060)
         )
     assert controller.pass_seconds[5] == pytest.approx(0.060)
     trained_controller = trained(0.8, 0.1, {n: 1.0 for n in range(1, 10)})
@@ -298,7 +302,7 @@ def test_a_choice_measures_every_member_then_keeps_the_faster_and_explores():
         chosen.append(member)
         draft_step = 0.3 if member == "slow" else 0.05  # equal acceptance, unequal cost
         k = choice.controllers[member].choose_k()
-        choice.observe(member, k, max(k - 1, 0), None, draft_step * k, 1.0)
+        choice.observe(member, Round(k, max(k - 1, 0), None, draft_step * k, 1.0))
     assert chosen[:4] == ["slow", "slow", "fast", "fast"]  # warm-up: each in turn
     assert chosen[4:] == ["slow" if r % 6 == 5 else "fast" for r in range(4, 24)]
     assert choice.expected_rate("fast") > choice.expected_rate("slow")
@@ -312,12 +316,12 @@ def test_a_choice_follows_a_change_of_text():
     for _ in range(12):
         member = choice.choose()
         k = choice.controllers[member].choose_k()
-        choice.observe(member, k, k if member == "a" else 0, None, 0.05 * k, 1.0)
+        choice.observe(member, Round(k, k if member == "a" else 0, None, 0.05 * k, 1.0))
     assert choice.choose() == "a"
     for _ in range(16):
         member = choice.choose()
         k = choice.controllers[member].choose_k()
-        choice.observe(member, k, 0 if member == "a" else k, None, 0.05 * k, 1.0)
+        choice.observe(member, Round(k, 0 if member == "a" else k, None, 0.05 * k, 1.0))
     assert choice.choose() == "b"
 
 
@@ -326,10 +330,10 @@ def test_a_switch_costs_nothing_as_a_draft_step():
     of the member's draft cost once there is one (the first one measured counts)."""
     choice = DrafterChoice(["model", "eagle"], max_k=4)
     model = choice.controllers["model"]
-    choice.observe("model", 4, 2, None, 4.0, 1.0, caught_up=True)  # no cost yet: counted
-    choice.observe("model", 4, 2, None, 0.4, 1.0)
+    choice.observe("model", Round(4, 2, None, 4.0, 1.0, caught_up=True))  # no cost yet: counted
+    choice.observe("model", Round(4, 2, None, 0.4, 1.0))
     assert model.draft_step_seconds == pytest.approx((1.0 + 0.1) / 2)
-    choice.observe("model", 4, 2, None, 40.0, 1.0, caught_up=True)  # a catch-up: left out
+    choice.observe("model", Round(4, 2, None, 40.0, 1.0, caught_up=True))  # a catch-up: left out
     assert model.draft_step_seconds == pytest.approx((1.0 + 0.1) / 2)
     assert model.rounds == 3 and choice.rounds == 3  # its acceptance still counts
 
@@ -415,9 +419,8 @@ def run_chain(chain: FallbackK, rounds: int, accepted_by: dict) -> list[tuple[st
                 break
         draft_step = 0.0 if member == "lookup" else 0.05  # a copy costs nothing
         pass_seconds = 1.0 + 0.05 * k
-        chain.observe(
-            member, k, accepted_by[member](k) if member else 0, None, draft_step * k, pass_seconds
-        )
+        accepted = accepted_by[member](k) if member else 0
+        chain.observe(member, Round(k, accepted, None, draft_step * k, pass_seconds))
         drafted.append((member, k))
     return drafted
 
@@ -430,7 +433,7 @@ def test_a_chain_copies_deep_where_copies_are_accepted_and_its_model_keeps_its_o
     assert drafted[0][0] == "eagle"  # the member behind is measured first, then left be
     assert all(member == "lookup" for member, _ in drafted[1:])
     # EAGLE's estimate is its own: copies accepted in full do not deepen it
-    chain.observe("eagle", 2, 1, None, 0.1, 1.1)
+    chain.observe("eagle", Round(2, 1, None, 0.1, 1.1))
     lookup, eagle = chain.controllers["lookup"], chain.controllers["eagle"]
     assert eagle.rounds == 2 and min(lookup.position_rates()) > 0.9
     assert eagle.position_rates()[1] < lookup.position_rates()[1] - 0.2
@@ -447,8 +450,8 @@ def test_a_chain_leaves_rounds_behind_where_copies_fail_and_still_measures_them(
 
 def test_a_chain_round_without_drafts_is_its_last_members():
     chain = FallbackK(["lookup", "eagle"], max_k=4)
-    chain.observe(None, 0, 0, None, 0.0, 1.0)
-    chain.observe("lookup", 0, 0, None, 0.0, 1.0)
+    chain.observe(None, Round(0, 0, None, 0.0, 1.0))
+    chain.observe("lookup", Round(0, 0, None, 0.0, 1.0))
     assert chain.controllers["eagle"].rounds == 2 and chain.controllers["lookup"].rounds == 0
     with pytest.raises(ValueError, match="distinct"):
         FallbackK(["lookup", "lookup"])

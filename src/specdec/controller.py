@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specdec.theory import expected_tokens_per_round_by_position
 
@@ -35,6 +35,22 @@ POSITION_PRIOR = 0.8  # optimistic: acceptance of a same-family draft model
 PRIOR_WEIGHT = 1.0  # pseudo-observations of the prior, never decayed
 EXPLORE_EVERY = 16  # rounds between drafts one token deeper than the best estimate
 COST_WINDOW = 5  # observations a cost estimate is the median of
+
+
+@dataclass(frozen=True)
+class Round:
+    """One verified round as a k controller learns from it: the tokens drafted (``k``), how
+    many the target accepted, the drafter's confidence in each (None: it gives none), the
+    seconds drafting took and the seconds of the target's pass. ``caught_up``: the drafter
+    first caught up on text it had not seen (it did not draft the round before), so its time
+    stands for a draft step only while none is known."""
+
+    k: int
+    num_accepted: int
+    confidences: list[float] | None
+    draft_seconds: float
+    pass_seconds: float
+    caught_up: bool = False
 
 
 def _ema(old: float | None, new: float, weight: float) -> float:
@@ -140,24 +156,15 @@ class AdaptiveK:
 
     # ---- learning -----------------------------------------------------------------
 
-    def observe(
-        self,
-        k: int,
-        num_accepted: int,
-        confidences: list[float] | None,
-        draft_seconds: float,
-        pass_seconds: float,
-        caught_up: bool = False,
-    ) -> None:
-        """Update from one round: what was drafted, what survived, what it cost.
-        ``caught_up``: the drafter first caught up on text it had not seen (it did not draft
-        the round before), so its time stands for a draft step only while none is known."""
+    def observe(self, round_: Round) -> None:
+        """Update from one round: what was drafted, what survived, what it cost."""
+        k, num_accepted, confidences = round_.k, round_.num_accepted, round_.confidences
         self.rounds += 1
-        if k > 0 and not (caught_up and self.draft_step_seconds is not None):
-            self.draft_history.append(draft_seconds / k)
+        if k > 0 and not (round_.caught_up and self.draft_step_seconds is not None):
+            self.draft_history.append(round_.draft_seconds / k)
             self.draft_step_seconds = statistics.median(self.draft_history)
         history = self.pass_history.setdefault(k + 1, deque(maxlen=COST_WINDOW))
-        history.append(pass_seconds)
+        history.append(round_.pass_seconds)
         self.pass_seconds[k + 1] = statistics.median(history)
         for counts in self.position_counts + self.bucket_counts:
             counts[0] *= self.decay
@@ -186,7 +193,7 @@ class DrafterChoice:
     made before a request is right for all. A member that has not drafted for a while
     catches up on the text in its next draft (a draft model feeds the tokens accepted
     since); that catching up is a cost of switching, not of drafting, so it is left out of
-    the member's draft cost (``AdaptiveK.observe``'s ``caught_up``). Warm-up gives each
+    the member's draft cost (``Round.caught_up``). Warm-up gives each
     member ``warmup`` consecutive rounds for the same reason."""
 
     members: list[str]
@@ -220,23 +227,12 @@ class DrafterChoice:
     def choose_k(self) -> int:
         return self.controllers[self.choose()].choose_k()
 
-    def observe(
-        self,
-        member: str,
-        k: int,
-        num_accepted: int,
-        confidences: list[float] | None,
-        draft_seconds: float,
-        pass_seconds: float,
-        caught_up: bool = False,
-    ) -> None:
+    def observe(self, member: str, round_: Round) -> None:
         """A round ``member`` drafted (named by the caller: with many requests sharing this
-        choice, another may have chosen since); ``caught_up`` as ``AdaptiveK.observe``'s
-        (the request's previous round was another member's, or drafted nothing)."""
+        choice, another may have chosen since); ``round_.caught_up``: the request's previous
+        round was another member's, or drafted nothing."""
         self.rounds += 1
-        self.controllers[member].observe(
-            k, num_accepted, confidences, draft_seconds, pass_seconds, caught_up
-        )
+        self.controllers[member].observe(round_)
 
 
 @dataclass
@@ -297,23 +293,12 @@ class FallbackK:
     def keep_going(self, member: str, confidences: list[float]) -> bool:
         return self.controllers[member].keep_going(confidences)
 
-    def observe(
-        self,
-        member: str | None,
-        k: int,
-        num_accepted: int,
-        confidences: list[float] | None,
-        draft_seconds: float,
-        pass_seconds: float,
-        caught_up: bool = False,
-    ) -> None:
+    def observe(self, member: str | None, round_: Round) -> None:
         """A round ``member`` drafted; a round without drafts (``member`` None, or k = 0)
         is the last member's: it drafts whenever it is asked to (``member_k``)."""
-        if member is None or k == 0:
-            member, k = self.members[-1], 0
-        self.controllers[member].observe(
-            k, num_accepted, confidences, draft_seconds, pass_seconds, caught_up
-        )
+        if member is None or round_.k == 0:
+            member, round_ = self.members[-1], replace(round_, k=0)
+        self.controllers[member].observe(round_)
 
 
 def _member_controllers(members: list[str], max_k: int) -> dict[str, AdaptiveK]:

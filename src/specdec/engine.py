@@ -21,7 +21,14 @@ import torch
 
 from specdec.backends.base import Backend, sync_cache
 from specdec.config import SamplingParams, SpecConfig
-from specdec.controller import AdaptiveK, BatchDrafting, DrafterChoice, FallbackK, KPolicy
+from specdec.controller import (
+    AdaptiveK,
+    BatchDrafting,
+    DrafterChoice,
+    FallbackK,
+    KPolicy,
+    Round,
+)
 from specdec.detokenizer import Detokenizer
 from specdec.drafters.base import Drafter, Drafting, KeepGoing, Proposal, drafting_of, drive
 from specdec.drafters.composite import ChoiceDrafter, FallbackDrafter
@@ -280,15 +287,22 @@ class Run:
             k, result.num_accepted, result.bonus, result.residual_fallback, proposal.drafter
         )
         if observe and self.controller is not None:
-            measured = (k, result.num_accepted, proposal.confidences, draft_seconds, pass_seconds)
+            chain_member = self._chain_member if k else None
+            caught_up = (
+                self._chain_caught_up(chain_member)
+                if isinstance(self.controller, FallbackK)
+                else self._sat_out > 0
+            )
+            measured = Round(
+                k, result.num_accepted, proposal.confidences, draft_seconds, pass_seconds, caught_up
+            )
             if isinstance(self.controller, DrafterChoice):
                 assert self.member is not None, "a round of a choice drafts with a member"
-                self.controller.observe(self.member, *measured, caught_up=self._sat_out > 0)
+                self.controller.observe(self.member, measured)
             elif isinstance(self.controller, FallbackK):
-                member = self._chain_member if k else None
-                self.controller.observe(member, *measured, caught_up=self._chain_caught_up(member))
+                self.controller.observe(chain_member, measured)
             else:
-                self.controller.observe(*measured, caught_up=self._sat_out > 0)
+                self.controller.observe(measured)
         chunk = self._emit(result, proposal)
         self.stats.total_seconds = time.perf_counter() - self.started
         return chunk
