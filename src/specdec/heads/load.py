@@ -100,19 +100,20 @@ def auto_recipe(
     can_choose: bool = True,
     lookup_in_front: bool = True,
 ):
-    """``--drafter auto``: (recipe, why). Prompt lookup in front of the drafter predicted
-    fastest (``_auto_drafter``; not in front of a choice) when ``lookup_in_front``, as for
-    ``generate`` and ``bench``; ``serve`` leaves it out, for under load on chat it ran behind
-    the drafter alone: ``python bench/load.py --concurrency 4,8 --workloads code,chat
-    --bursts 2 --modes batched --drafter D`` on the int8 pair, two pairs of runs in ABBA
-    order, lookup+model over model at 4 and 8 clients 0.947 and 0.928, then 0.83 and 0.80 on
-    chat, 0.945-1.00 on code (bench/results/2026-12-01-lookup-in-front-epyc-avx512/load1-4;
-    not understood yet). Single-stream, a copy from the prompt is taken
-    where it matches 2+ tokens and copies have paid in the run (``drafters.lookup``,
-    ``controller.FallbackK``). Measured on the AMD EPYC (Zen 4, 2 cores, int4 target, the
-    90-minute EAGLE head), run by run over the bench's four workloads, three runs, chat /
-    code / edit / summary: in front of EAGLE 1.010 / 0.985 / 1.261 / 1.427, 1.011 / 1.041 /
-    1.152 / 1.499 and 1.095 / 0.966 / 1.158 / 1.431 of EAGLE alone; in front of the 0.5B
+    """``--drafter auto``: (recipe, why). Prompt lookup in front of the drafter predicted fastest
+    (``_auto_drafter``; not in front of a choice) when ``lookup_in_front``, as for ``generate``
+    and ``bench``; ``serve`` leaves it out, for under load on chat it ran behind the drafter
+    alone: ``python bench/load.py --concurrency 4,8 --workloads code,chat --bursts 2 --modes
+    batched --drafter D`` on the int8 pair, two pairs of runs in ABBA order, lookup+model over
+    model at 4 and 8 clients 0.947 and 0.928, then 0.83 and 0.80 on chat, 0.945-1.00 on code
+    (bench/results/2026-12-01-lookup-in-front-epyc-avx512/load1-4; not understood yet); again at
+    4 chat clients 0.82 and 0.80, while ahead at 1 and 8 editing clients
+    (bench/results/2026-12-01-lookup-under-load-epyc-avx512). Single-stream, a copy from the
+    prompt is taken where it matches 2+ tokens and copies have paid in the run
+    (``drafters.lookup``, ``controller.FallbackK``). Measured on the AMD EPYC (Zen 4, 2 cores,
+    int4 target, the 90-minute EAGLE head), run by run over the bench's four workloads, three
+    runs, chat / code / edit / summary: in front of EAGLE 1.010 / 0.985 / 1.261 / 1.427, 1.011 /
+    1.041 / 1.152 / 1.499 and 1.095 / 0.966 / 1.158 / 1.431 of EAGLE alone; in front of the 0.5B
     draft 1.003 / 1.029 / 1.095 / 1.290 of it (docs/heads.md, "Prompt lookup in front")."""
     recipe, why = _auto_drafter(target, cache_dir, target_name, can_choose)
     if lookup_in_front and not is_choice(recipe):
