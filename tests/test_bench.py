@@ -281,3 +281,24 @@ def test_a_peer_with_its_own_draft_counts_is_left_out_of_the_theory_plot():
         },
     ]
     assert theory_points(runs) == []
+
+
+def test_the_machine_line_names_the_cpu_kind_and_any_held_kernels(monkeypatch):
+    """The two EPYC kinds share a model name: the line adds family/model and the widest
+    vector set from /proc/cpuinfo, and names every kernel held to a smaller instruction set
+    (a run so held is not this CPU's own speed)."""
+    from pathlib import Path
+
+    from specdec.backends.runtime_choice import ISA_VARIABLES
+    from specdec.bench.command import machine
+
+    for name in ISA_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert "kernels held" not in machine()
+    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")
+    monkeypatch.setenv("SPECDEC_INT4_PATH", "avx2")
+    held = machine()
+    assert held.endswith("; kernels held: FBGEMM_ENABLE_INSTRUCTIONS=AVX2 SPECDEC_INT4_PATH=avx2")
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file() and "cpu family" in cpuinfo.read_text():
+        assert "family " in held and " model " in held
