@@ -97,6 +97,23 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def cpu_kind() -> str:
+    """The CPU's family and model ("family 25 model 17"; "" where /proc/cpuinfo does not
+    say): CPUs of one name can be different kinds (the AVX2 and the AVX-512 AMD EPYC)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() in ("cpu family", "model"):
+                    fields.setdefault(key.strip(), value.strip())
+                if len(fields) == 2:
+                    return f"family {fields['cpu family']} model {fields['model']}"
+    except OSError:
+        pass
+    return ""
+
+
 def cpu_flags() -> list[str]:
     """The SIMD features that decide which kernels run."""
     wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8")

@@ -294,34 +294,16 @@ def torch_dtype(name: str):
 def machine() -> str:
     """The CPU (its name, family/model and widest vector set: the two EPYC kinds share a
     name), cores, OS, Python, torch, and any kernels held to a smaller instruction set."""
-    from specdec.backends.runtime_choice import ISA_VARIABLES
-
-    cpu = platform.processor() or "unknown CPU"
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    cpu = fields.get("model name", cpu)
-    flags = set(fields.get("flags", "").split())
-    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
-    kind = ", ".join(
-        part
-        for part in (
-            f"family {fields['cpu family']} model {fields['model']}"
-            if "cpu family" in fields and "model" in fields
-            else "",
-            widest,
-        )
-        if part
-    )
-    if kind:
-        cpu = f"{cpu} ({kind})"
-    held = [f"{name}={os.environ[name]}" for name in ISA_VARIABLES if os.environ.get(name)]
     import torch
 
+    from specdec.backends.runtime_choice import ISA_VARIABLES
+    from specdec.doctor import cpu_flags, cpu_kind, cpu_name
+
+    flags = cpu_flags()
+    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
+    kind = ", ".join(part for part in (cpu_kind(), widest) if part)
+    cpu = f"{cpu_name()} ({kind})" if kind else cpu_name()
+    held = [f"{name}={os.environ[name]}" for name in ISA_VARIABLES if os.environ.get(name)]
     described = (
         f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, "
         f"Python {platform.python_version()}, torch {torch.__version__} "
