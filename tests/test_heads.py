@@ -16,7 +16,7 @@ from specdec.cli import main
 from specdec.heads import store
 from specdec.heads.fingerprint import target_fingerprint
 from specdec.heads.load import load_heads
-from specdec.heads.train import bf16_native, training_precision
+from specdec.heads.train import bf16_allowed, bf16_native, training_precision
 from specdec.sampling import Sampler
 
 KINDS = ("medusa", "eagle")
@@ -221,6 +221,21 @@ def test_training_precision_is_as_asked_and_recorded(target_model):
     assert training_precision("auto") == ("bfloat16" if bf16_native() else "float32")
     with pytest.raises(ValueError, match="precision must be one of"):
         training_precision("float16")
+
+
+def test_bf16_is_not_native_where_kernels_are_held_below_it():
+    """A run held to AVX2 (the bench's stand-in for an AVX2 CPU) trains in float32 as that
+    CPU would; held to an instruction set with bfloat16, or not held, the flags decide."""
+    bf16 = "flags : fpu avx2 avx512f avx512_bf16"
+    assert bf16_allowed(bf16, {})
+    assert not bf16_allowed("flags : fpu avx2 avx512f", {})
+    assert bf16_allowed("flags : fpu amx_bf16", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"})
+    assert not bf16_allowed(bf16, {"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert not bf16_allowed(bf16, {"ONEDNN_MAX_CPU_ISA": "avx512_core_vnni"})
+    assert bf16_allowed(bf16, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"})
+    assert bf16_allowed(bf16, {"ONEDNN_MAX_CPU_ISA": "ALL"})
+    assert not bf16_allowed(bf16, {"ATEN_CPU_CAPABILITY": "avx2"})
+    assert bf16_allowed(bf16, {"ATEN_CPU_CAPABILITY": "avx512"})
 
 
 def test_step_settings_default_by_the_training_precision(capsys):
