@@ -289,7 +289,7 @@ class Run:
         if observe and self.controller is not None:
             chain_member = self._chain_member if k else None
             caught_up = (
-                self._chain_caught_up(chain_member)
+                self._record_chain_feed(chain_member)
                 if isinstance(self.controller, FallbackK)
                 else self._sat_out > 0
             )
@@ -376,9 +376,11 @@ class Run:
         assert len(proposal.token_ids) <= k, "drafter proposed more than k tokens"
         return proposal
 
-    def _chain_caught_up(self, member: str | None) -> bool:
-        """A fallback chain's round: whether its drafting member first caught up on text it
-        had not followed (it did not draft the round before, or the whole chain sat out)."""
+    def _record_chain_feed(self, member: str | None) -> bool:
+        """A fallback chain's round: record that its drafting member has followed the text
+        through this round (as ``_begin_drafting`` does for the drafter), and answer whether
+        it first caught up on text it had not followed (it did not draft the round before,
+        or the whole chain sat out)."""
         if member is None:
             return False
         this_round = self.stats.rounds - 1  # finish_round has recorded it
