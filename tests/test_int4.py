@@ -144,6 +144,7 @@ def test_a_path_this_cpu_lacks_is_refused():
 def test_the_environment_pins_the_path_new_layers_run(monkeypatch):
     """$SPECDEC_INT4_PATH runs a whole program on one code path (to measure what a CPU
     without AVX-512 would do); unset, each layer takes the best; a wrong name is refused."""
+    int4.kernel()  # the process's build is the one loaded first: the usual one here
     linear = random_linear(48, 64, seed=8)
     assert RowInt4Linear(linear).path == -1
     monkeypatch.setenv("SPECDEC_INT4_PATH", "AVX2")
@@ -155,6 +156,20 @@ def test_the_environment_pins_the_path_new_layers_run(monkeypatch):
     monkeypatch.setenv("SPECDEC_INT4_PATH", "sse")
     with pytest.raises(ValueError, match="SPECDEC_INT4_PATH='sse': expected one of avx512"):
         RowInt4Linear(linear)
+
+
+def test_the_environment_holds_the_row_operations_with_the_path(monkeypatch):
+    """A process pinned to the AVX2 (scalar) path loads the kernel build whose row
+    operations stop at AVX2 (baseline code), so that one variable holds every specdec kernel;
+    unpinned or pinned to AVX-512, the usual build; a wrong name leaves the build alone (the
+    layers refuse it)."""
+    monkeypatch.delenv("SPECDEC_INT4_PATH", raising=False)
+    assert int4.held_build() == ""
+    expected = {"avx2": "_avx2", "scalar": "_baseline", "avx512": "", "sse": ""}
+    for name, build in expected.items():
+        monkeypatch.setenv("SPECDEC_INT4_PATH", name)
+        assert int4.held_build() == build
+        assert build in int4.BUILDS
 
 
 @pytest.fixture(scope="module")

@@ -220,12 +220,14 @@ def test_forwards_and_rollbacks_across_growth_equal_one_fresh_pass():
 # ---- the CPU-specific clones against baseline code -----------------------------------------
 
 
-def test_the_clones_this_cpu_runs_give_the_baseline_codes_bits(ops, threads):
+@pytest.mark.parametrize("build", ["_baseline", "_avx2"])
+def test_the_clones_this_cpu_runs_give_the_narrower_builds_bits(ops, threads, build):
     """The vectorized loops are compiled as AVX-512, AVX2 and baseline clones, one chosen per
-    CPU: this CPU's clone and a build of baseline code only give the same bits at the 1.5B's
-    sizes (norm, gated product, rotary mix, attention, and the int4 product's activation
-    quantizer), so another kind of CPU computes the same numbers."""
-    baseline = int4.baseline_kernel()
+    CPU: this CPU's clone and a build of baseline code only (or of clones up to AVX2, which
+    ``SPECDEC_INT4_PATH=avx2`` loads) give the same bits at the 1.5B's sizes (norm, gated
+    product, rotary mix, attention, and the int4 product's activation quantizer), so another
+    kind of CPU computes the same numbers."""
+    baseline = int4.built(build)
     torch.set_num_threads(2)
     x, weight = randn(5, 1536, seed=20, scale=3.0), randn(1536, seed=21)
     assert torch.equal(ops.rms_norm(x, weight, 1e-6), baseline.rms_norm(x, weight, 1e-6))

@@ -74,7 +74,7 @@ def kernel():
             if _failed is not None:
                 raise KernelUnavailable(str(_failed))
             try:
-                _kernel = _build()
+                _kernel = built(held_build())
             except KernelUnavailable as error:
                 _failed = error
                 raise
@@ -104,7 +104,7 @@ def kernel_ready() -> bool:
     loading it takes a moment, not a compile)."""
     if _kernel is not None:
         return True
-    return any((kernel_dir() / kernel_name()).glob("*.so"))
+    return any((kernel_dir() / (kernel_name() + held_build())).glob("*.so"))
 
 
 @functools.cache
@@ -115,19 +115,40 @@ def kernel_name() -> str:
     return f"specdec_int4_{key.hexdigest()[:16]}"
 
 
-@functools.cache
+# Builds of the kernel, by the suffix of their names: the usual one compiles the vectorized
+# loops of the row operations and the activation quantizer as AVX-512, AVX2 and baseline
+# clones, one chosen by the CPU when the library loads; the others leave out the wider ones.
+BUILDS = {"": [], "_avx2": ["-DSPECDEC_UP_TO_AVX2"], "_baseline": ["-DSPECDEC_BASELINE_ONLY"]}
+
+
+def held_build() -> str:
+    """The build this process loads: the usual one, or where ``$SPECDEC_INT4_PATH`` pins the
+    int4 product to its AVX2 (scalar) code, the build whose row operations stop at AVX2
+    (baseline code) too, so that the one variable holds all of specdec's kernels (the clones
+    agree bit for bit; only the time differs)."""
+    try:
+        path = pinned_path()
+    except ValueError:  # refused with its message where a layer is made; the usual build here
+        return ""
+    return {1: "_avx2", 0: "_baseline"}.get(path, "")
+
+
 def baseline_kernel():
-    """The kernel built with x86-64 baseline code only where the usual build compiles
-    AVX-512 / AVX2 / baseline clones chosen by the CPU (the vectorized loops of the row
-    operations and the activation quantizer): tests compare the two bit for bit, which is
-    what a CPU of another kind would compute."""
-    return _build(baseline=True)
+    """The kernel built with x86-64 baseline code only: tests compare it with the usual
+    build bit for bit, which is what a CPU of another kind would compute."""
+    return built("_baseline")
 
 
-def _build(baseline: bool = False):
+@functools.cache
+def built(build: str = ""):
+    """The kernel's build ``build`` (a key of ``BUILDS``), compiled on first use."""
+    return _build(build)
+
+
+def _build(build: str = ""):
     from torch.utils import cpp_extension
 
-    name = kernel_name() + ("_baseline" if baseline else "")
+    name = kernel_name() + build
     directory = kernel_dir() / name
     directory.mkdir(parents=True, exist_ok=True)
     try:
@@ -136,8 +157,7 @@ def _build(baseline: bool = False):
                 name=name,
                 sources=[str(path) for path in SOURCES],
                 build_directory=str(directory),
-                extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"]
-                + (["-DSPECDEC_BASELINE_ONLY"] if baseline else []),
+                extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp", *BUILDS[build]],
                 extra_ldflags=["-fopenmp"],
                 verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")),
             )
@@ -176,8 +196,9 @@ PATH_VARIABLE = "SPECDEC_INT4_PATH"
 
 def pinned_path() -> int:
     """The code path new layers run: ``$SPECDEC_INT4_PATH`` (avx512, avx2, scalar) pins one,
-    to measure here what a CPU without AVX-512 would do (the paths agree bit for bit); else
-    -1, the best for this CPU. A path this CPU lacks is refused when the layer first runs."""
+    to measure here what a CPU without AVX-512 would do (the paths agree bit for bit; the row
+    operations follow, ``held_build``); else -1, the best for this CPU. A path this CPU lacks
+    is refused when the layer first runs."""
     name = os.environ.get(PATH_VARIABLE, "").strip().lower()
     if not name:
         return -1
