@@ -74,7 +74,7 @@ def kernel():
             if _failed is not None:
                 raise KernelUnavailable(str(_failed))
             try:
-                _kernel = built(held_build())
+                _kernel = _build(held_build())
             except KernelUnavailable as error:
                 _failed = error
                 raise
@@ -139,9 +139,14 @@ def baseline_kernel():
     return built("_baseline")
 
 
-@functools.cache
 def built(build: str = ""):
-    """The kernel's build ``build`` (a key of ``BUILDS``), compiled on first use."""
+    """The kernel's build ``build`` (a key of ``BUILDS``), compiled on first use: ``kernel()``
+    where it is the build this process runs, else loaded beside it (for tests)."""
+    return kernel() if build == held_build() else _other_build(build)
+
+
+@functools.cache
+def _other_build(build: str):
     return _build(build)
 
 
