@@ -133,12 +133,6 @@ def held_build() -> str:
     return {1: "_avx2", 0: "_baseline"}.get(path, "")
 
 
-def baseline_kernel():
-    """The kernel built with x86-64 baseline code only: tests compare it with the usual
-    build bit for bit, which is what a CPU of another kind would compute."""
-    return built("_baseline")
-
-
 def built(build: str = ""):
     """The kernel's build ``build`` (a key of ``BUILDS``), compiled on first use: ``kernel()``
     where it is the build this process runs, else loaded beside it (for tests)."""
