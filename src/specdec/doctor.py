@@ -9,6 +9,7 @@ vocabulary, so it takes seconds), converts it to the int8 runtime and compares b
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from dataclasses import dataclass
@@ -86,43 +87,43 @@ def thread_counts() -> list[int]:
     return sorted({1, 2, 3, 4, 8, torch.get_num_threads(), os.cpu_count() or 1})
 
 
-def cpu_name() -> str:
+@functools.cache
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ({} where there is none): one read for
+    the name, kind and flags below."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as info:
             for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break  # the end of the first processor
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or "unknown CPU"
+    return fields
+
+
+def cpu_name() -> str:
+    return cpuinfo().get("model name") or platform.processor() or "unknown CPU"
 
 
 def cpu_kind() -> str:
     """The CPU's family and model ("family 25 model 17"; "" where /proc/cpuinfo does not
     say): CPUs of one name can be different kinds (the AVX2 and the AVX-512 AMD EPYC)."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                key, _, value = line.partition(":")
-                if key.strip() in ("cpu family", "model"):
-                    fields.setdefault(key.strip(), value.strip())
-                if len(fields) == 2:
-                    return f"family {fields['cpu family']} model {fields['model']}"
-    except OSError:
-        pass
+    fields = cpuinfo()
+    if "cpu family" in fields and "model" in fields:
+        return f"family {fields['cpu family']} model {fields['model']}"
     return ""
+
+
+def cpu_flag_set() -> set[str]:
+    """Every feature flag of the CPU (empty where /proc/cpuinfo does not say)."""
+    return set(cpuinfo().get("flags", "").split())
 
 
 def cpu_flags() -> list[str]:
     """The SIMD features that decide which kernels run."""
     wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8")
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return [flag for flag in wanted if flag in flags]
-    except OSError:
-        pass
-    return []
+    flags = cpu_flag_set()
+    return [flag for flag in wanted if flag in flags]

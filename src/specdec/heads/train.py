@@ -23,7 +23,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +54,16 @@ DEFAULT_DISTILL_EVERY = {"bfloat16": 1, "float32": 4}  # EAGLE; Medusa always di
 def bf16_native() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX) and torch's
     kernels are not held below it (``bf16_allowed``)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return bf16_allowed(flags, os.environ)
+    from specdec.doctor import cpu_flag_set
+
+    return bf16_allowed(cpu_flag_set(), os.environ)
 
 
-def bf16_allowed(flags: str, environ: Mapping[str, str]) -> bool:
-    """Native bfloat16 by the CPU's ``flags`` (/proc/cpuinfo's), unless a variable that holds
-    torch's kernels to a smaller instruction set (``runtime_choice.ISA_VARIABLES``) rules it
-    out: run held to AVX2, training takes the float32 defaults an AVX2 CPU gets, instead of
-    bfloat16 products emulated in AVX2 code."""
+def bf16_allowed(flags: Collection[str], environ: Mapping[str, str]) -> bool:
+    """Native bfloat16 by the CPU's ``flags`` (its flag names, or /proc/cpuinfo's line),
+    unless a variable that holds torch's kernels to a smaller instruction set
+    (``runtime_choice.ISA_VARIABLES``) rules it out: run held to AVX2, training takes the
+    float32 defaults an AVX2 CPU gets, instead of bfloat16 products emulated in AVX2 code."""
     if "avx512_bf16" not in flags and "amx_bf16" not in flags:
         return False
     onednn = environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
