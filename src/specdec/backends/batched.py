@@ -37,6 +37,7 @@ from specdec.backends.int4 import RowInt4Linear, uses_row_kernels
 from specdec.backends.int8 import RowInt8Linear
 from specdec.backends.int8_fused import FusedAttention, FusedMLP
 from specdec.backends.kv_buffer import KVBuffer
+from specdec.backends.layer_stack import LayerStack
 from specdec.backends.trim import TrimmedHead
 
 LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
@@ -219,6 +220,8 @@ class BatchedModel:
         self.norm = decoder.get_submodule("norm")
         self.layers = [_Layer.of(layer) for layer in decoder.layers]
         self.row_kernels = uses_row_kernels(model)  # then caches are KVBuffers, read in place
+        # The int4 runtime's layers run whole in the kernel (backends/layer_stack.py).
+        self.stack = LayerStack.of(self.layers) if self.row_kernels else None
         self.vocab_size = int(model.get_output_embeddings().out_features)
         self.eos_token_ids = frozenset(_eos_token_ids(model, tokenizer))
         self.max_length = getattr(model.config, "max_position_embeddings", None)
@@ -269,7 +272,13 @@ class BatchedModel:
             starts.append(starts[-1] + len(tokens))
         hidden = self.embed_tokens(torch.tensor([ids], dtype=torch.long))
         rotary = self.rotary_emb(hidden, torch.tensor([positions], dtype=torch.long))
-        for index, layer in enumerate(self.layers):
+        if self.stack is not None:  # the same calls as the loop below, in one kernel call
+            hidden = self.stack.forward(
+                hidden[0],
+                rotary,
+                [(seq.layers, starts[i], starts[i + 1]) for i, (seq, _, _) in enumerate(work)],
+            ).unsqueeze(0)
+        for index, layer in enumerate([] if self.stack is not None else self.layers):
             segments = [
                 (seq.layers[index], starts[i], starts[i + 1]) for i, (seq, _, _) in enumerate(work)
             ]

@@ -37,7 +37,7 @@ TILE = 16  # output columns per packed block
 BLOCK = 320  # bytes per (tile, group): 256 code bytes, 16 float16 scales, 16 float16 minimums
 KERNEL_FILES = tuple(
     Path(__file__).with_name("kernels") / name
-    for name in ("int4_linear.cpp", "row_ops.cpp", "lanes.h")
+    for name in ("int4_linear.cpp", "row_ops.cpp", "layer_stack.cpp", "lanes.h")
 )
 SOURCES = tuple(path for path in KERNEL_FILES if path.suffix == ".cpp")
 PATHS = {0: "scalar", 1: "AVX2", 2: "AVX-512 VNNI"}

@@ -38,13 +38,21 @@ class KVBuffer:
         """Write ``keys``/``values``  # [batch, kv_heads, new, head_dim] after the held
         positions; returns views of all held positions."""
         end = self.length + keys.shape[-2]
-        if self._keys is None or self._values is None or self._keys.shape[-2] < end:
-            self._grow(keys, end)
+        self.reserve(end, keys)
         assert self._keys is not None and self._values is not None
         self._keys[:, :, self.length : end] = keys
         self._values[:, :, self.length : end] = values
         self.length = end
         return self._keys[:, :, :end], self._values[:, :, :end]
+
+    def reserve(self, end: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Room for ``end`` positions in buffers shaped as ``like``  # [batch, kv_heads, *,
+        head_dim]; returns the whole buffers, for a writer (``layer_stack``) that fills
+        positions ``length .. end - 1`` and then sets ``length``."""
+        if self._keys is None or self._values is None or self._keys.shape[-2] < end:
+            self._grow(like, end)
+        assert self._keys is not None and self._values is not None
+        return self._keys, self._values
 
     def crop(self, n: int) -> None:
         """Hold the first ``n`` positions (at most the held ones)."""

@@ -431,6 +431,8 @@ torch::Tensor silu_mul(torch::Tensor gate_up);
 void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor causal_attention(torch::Tensor query, torch::Tensor keys, torch::Tensor values,
                                double scaling);
+// layer_stack.cpp
+void register_layer_stack(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear", &int4_linear, "x @ W^T + b with W packed by specdec.backends.int4");
@@ -439,4 +441,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up of each row of [gate, up]");
   m.def("rope_", &rope_, "rotary embedding of each row's heads, in place");
   m.def("causal_attention", &causal_attention, "causal attention of each query row");
+  register_layer_stack(m);
 }

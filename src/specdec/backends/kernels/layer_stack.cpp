@@ -1,0 +1,156 @@
+// An int4 model's decoder layers, all of them in ONE call: the same kernel calls, in the same
+// order, as the Python layer loop of backends/batched.py makes one by one.
+//
+// Why (measured on the 1.5B, AMD EPYC, 2 cores; docs/runtime-search.md section 10): with the
+// row operations in the kernel, a one-token step of the int4 1.5B still spent 6.8 of its
+// 37.4 ms outside every kernel call, in the some 30 Python calls and small torch operations
+// a layer makes around them (modules, views, splits, the caches' bookkeeping), and a step of
+// the 0.5B draft 5.9 of 20.9 ms. Here they are a few ATen calls a layer, without Python.
+//
+// Exactness: nothing is computed differently. Each layer is norm, the fused q/k/v product,
+// the rotary mix of q and k, the new keys and values written into each sequence's buffer
+// after its held positions, attention of each sequence's rows over its own prefix, the o
+// product, the residual sum, norm, the fused gate/up product, the SiLU-gated product, the
+// down product and the residual sum: the functions of int4_linear.cpp and row_ops.cpp on the
+// same inputs, and the sums as the same ATen additions. So the hidden states are the Python
+// loop's bit for bit (tests/test_layer_stack.py), and a block still equals its steps.
+
+#include <torch/extension.h>
+
+#include <vector>
+
+torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+                          int64_t path);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor silu_mul(torch::Tensor gate_up);
+void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+torch::Tensor causal_attention(torch::Tensor query, torch::Tensor keys, torch::Tensor values,
+                               double scaling);
+
+namespace {
+
+// One int4 product: its packed weight, its bias (none: an empty tensor) and its code path.
+struct Product {
+  torch::Tensor packed;
+  torch::Tensor bias;
+  int64_t path;
+
+  torch::Tensor operator()(const torch::Tensor& x) const {
+    return int4_linear(x, packed,
+                       bias.numel() ? c10::optional<torch::Tensor>(bias) : c10::nullopt, path);
+  }
+};
+
+struct Layer {
+  torch::Tensor input_norm;
+  double input_eps;
+  Product qkv, o;
+  torch::Tensor post_norm;
+  double post_eps;
+  Product gate_up, down;
+};
+
+constexpr int kTensors = 10;  // a layer's: input norm, qkv, its bias, o, its bias, post
+                              // norm, gate_up, its bias, down, its bias
+constexpr int kPaths = 4;     // qkv, o, gate_up, down
+
+class LayerStack {
+ public:
+  LayerStack(std::vector<torch::Tensor> tensors, std::vector<double> eps,
+             std::vector<int64_t> paths, int64_t heads, int64_t kv_heads, int64_t head_dim,
+             double scaling)
+      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), scaling_(scaling) {
+    const size_t count = tensors.size() / kTensors;
+    TORCH_CHECK(count > 0 && tensors.size() == count * kTensors && eps.size() == 2 * count &&
+                    paths.size() == kPaths * count,
+                "a layer stack: 10 tensors, 2 epsilons and 4 paths a layer");
+    TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0,
+                "head counts do not match");
+    for (size_t l = 0; l < count; ++l) {
+      const torch::Tensor* t = tensors.data() + l * kTensors;
+      const int64_t* p = paths.data() + l * kPaths;
+      layers_.push_back(Layer{t[0], eps[2 * l], Product{t[1], t[2], p[0]},
+                              Product{t[3], t[4], p[1]}, t[5], eps[2 * l + 1],
+                              Product{t[6], t[7], p[2]}, Product{t[8], t[9], p[3]}});
+    }
+  }
+
+  // hidden  # [rows, hidden] float32, the rows of every sequence of the pass in order;
+  // cos, sin  # [rows, head_dim]; starts  # [segments + 1]: sequence s has rows starts[s] ..
+  // starts[s + 1] - 1 and held[s] positions in its buffers keys[s * layers + l],
+  // values[...]  # [1, kv_heads, capacity, head_dim], with room for its new rows (written
+  // here; the caller then counts them held). ->  the last layer's output  # [rows, hidden]
+  torch::Tensor forward(torch::Tensor hidden, torch::Tensor cos, torch::Tensor sin,
+                        std::vector<int64_t> starts, std::vector<int64_t> held,
+                        std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values) const {
+    const int64_t rows = hidden.size(0), layers = static_cast<int64_t>(layers_.size());
+    const int64_t segments = static_cast<int64_t>(held.size());
+    TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == torch::kFloat32,
+                "hidden: [rows, hidden] float32");
+    TORCH_CHECK(static_cast<int64_t>(starts.size()) == segments + 1 && starts[0] == 0 &&
+                    starts[segments] == rows,
+                "starts: one per sequence and the row count");
+    TORCH_CHECK(static_cast<int64_t>(keys.size()) == segments * layers &&
+                    values.size() == keys.size(),
+                "a key and a value buffer per sequence and layer");
+    for (int64_t s = 0; s < segments; ++s) {
+      TORCH_CHECK(starts[s + 1] > starts[s], "every sequence has rows");
+      for (int64_t l = 0; l < layers; ++l) {
+        for (const torch::Tensor& buffer : {keys[s * layers + l], values[s * layers + l]}) {
+          TORCH_CHECK(buffer.dim() == 4 && buffer.size(0) == 1 && buffer.size(1) == kv_heads_ &&
+                          buffer.size(3) == head_dim_ &&
+                          buffer.size(2) >= held[s] + starts[s + 1] - starts[s],
+                      "a cache buffer without room for its sequence's new rows");
+        }
+      }
+    }
+    const int64_t q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
+    torch::Tensor x = hidden.contiguous();
+    for (int64_t l = 0; l < layers; ++l) {
+      const Layer& layer = layers_[l];
+      torch::Tensor residual = x;
+      const torch::Tensor qkv = layer.qkv(rms_norm(x, layer.input_norm, layer.input_eps));
+      torch::Tensor query = qkv.narrow(1, 0, q_size).reshape({rows, heads_, head_dim_}).contiguous();
+      torch::Tensor key =
+          qkv.narrow(1, q_size, kv_size).reshape({rows, kv_heads_, head_dim_}).contiguous();
+      const torch::Tensor value =
+          qkv.narrow(1, q_size + kv_size, kv_size).reshape({rows, kv_heads_, head_dim_}).contiguous();
+      rope_(query, cos, sin);
+      rope_(key, cos, sin);
+      std::vector<torch::Tensor> outs;
+      for (int64_t s = 0; s < segments; ++s) {
+        const int64_t first = starts[s], n = starts[s + 1] - starts[s], end = held[s] + n;
+        const torch::Tensor k_buffer = keys[s * layers + l][0], v_buffer = values[s * layers + l][0];
+        k_buffer.narrow(1, held[s], n).copy_(key.narrow(0, first, n).transpose(0, 1));
+        v_buffer.narrow(1, held[s], n).copy_(value.narrow(0, first, n).transpose(0, 1));
+        outs.push_back(causal_attention(query.narrow(0, first, n), k_buffer.narrow(1, 0, end),
+                                        v_buffer.narrow(1, 0, end), scaling_));
+      }
+      const torch::Tensor attended =
+          (outs.size() == 1 ? outs[0] : torch::cat(outs, 0)).reshape({rows, q_size}).contiguous();
+      x = residual + layer.o(attended);
+      residual = x;
+      const torch::Tensor gate_up = layer.gate_up(rms_norm(x, layer.post_norm, layer.post_eps));
+      x = residual + layer.down(silu_mul(gate_up));
+    }
+    return x;
+  }
+
+  int64_t size() const { return static_cast<int64_t>(layers_.size()); }
+
+ private:
+  std::vector<Layer> layers_;
+  int64_t heads_, kv_heads_, head_dim_;
+  double scaling_;
+};
+
+}  // namespace
+
+void register_layer_stack(pybind11::module& m) {
+  pybind11::class_<LayerStack>(m, "LayerStack")
+      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<double>, std::vector<int64_t>,
+                          int64_t, int64_t, int64_t, double>())
+      // The Python threads run on while a pass does (ATen needs no GIL).
+      .def("forward", &LayerStack::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("__len__", &LayerStack::size);
+}

@@ -1,0 +1,135 @@
+"""An int4 model's decoder layers in one kernel call a pass (``kernels/layer_stack.cpp``).
+
+Why: the Python layer loop of ``batched.BatchedModel`` makes some 30 calls a layer around
+the kernel's products and row operations; measured on the int4 1.5B (AMD EPYC, 2 cores),
+6.8 of a 37.4 ms step went there, and 5.9 of a 20.9 ms step of the 0.5B draft
+(docs/runtime-search.md section 10). ``LayerStack`` runs the same kernel calls in the same
+order from C++: the same bits (``tests/test_layer_stack.py``), without the Python.
+
+It applies where every layer is a plain Llama-family layer on the int4 runtime with the row
+operations: ``RowRMSNorm`` norms, fused attention and SiLU MLP on the kernel, every product a
+``RowInt4Linear``. Elsewhere (the int8 runtime, a layer the kernel does not fit)
+``LayerStack.of`` gives None and the Python loop runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from specdec.backends.int4 import RowInt4Linear, RowRMSNorm, kernel
+from specdec.backends.kv_buffer import KVBuffer
+
+
+class LayerStack:
+    """The decoder layers of one model, as the kernel's ``LayerStack``. ``forward`` runs a
+    pass of many sequences' rows, each against its own ``KVBuffer`` per layer."""
+
+    def __init__(self, layers: Sequence[Any]):
+        self._layers = list(layers)
+        attention = self._layers[0].attention
+        self.head_dim = int(attention.head_dim)
+        q_size, kv_size, _ = attention.sizes
+        self.heads, self.kv_heads = q_size // self.head_dim, kv_size // self.head_dim
+        self.scaling = float(attention.scaling)
+        self._paths: tuple[int, ...] = ()
+        self._stack: Any = None
+
+    @classmethod
+    def of(cls, layers: Sequence[Any]) -> LayerStack | None:
+        """A stack for ``layers`` (``batched._Layer``s), or None where a layer is not one the
+        kernel runs whole."""
+        if not layers or not all(_fits(layer) for layer in layers):
+            return None
+        shapes = {
+            (layer.attention.head_dim, tuple(layer.attention.sizes), layer.attention.scaling)
+            for layer in layers
+        }
+        return cls(layers) if len(shapes) == 1 else None
+
+    def _products(self) -> list[RowInt4Linear]:
+        return [
+            product
+            for layer in self._layers
+            for product in (
+                layer.attention.qkv_proj,
+                layer.attention.o_proj,
+                layer.mlp.gate_up_proj,
+                layer.mlp.down_proj,
+            )
+        ]
+
+    def _kernel_stack(self) -> Any:
+        """The kernel's object, made again when a product's code path was pinned since (the
+        tests and ``--int4-path`` set ``RowInt4Linear.path`` on a loaded model)."""
+        products = self._products()
+        paths = tuple(product.path for product in products)
+        if self._stack is None or paths != self._paths:
+            none = torch.empty(0)
+            tensors, eps = [], []
+            for layer in self._layers:
+                attention, mlp = layer.attention, layer.mlp
+                tensors += [
+                    layer.input_norm.weight,
+                    *_packed(attention.qkv_proj, none),
+                    *_packed(attention.o_proj, none),
+                    layer.post_attention_norm.weight,
+                    *_packed(mlp.gate_up_proj, none),
+                    *_packed(mlp.down_proj, none),
+                ]
+                eps += [layer.input_norm.eps, layer.post_attention_norm.eps]
+            self._stack = kernel().LayerStack(
+                tensors, eps, list(paths), self.heads, self.kv_heads, self.head_dim, self.scaling
+            )
+            self._paths = paths
+        return self._stack
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [rows, hidden] float32: every sequence's new rows, in order
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],  # cos, sin  # [1, rows, dim]
+        segments: Sequence[tuple[Sequence[Any], int, int]],  # (its KVBuffers, first, end row)
+    ) -> torch.Tensor:
+        """The last layer's output  # [rows, hidden]; each sequence's new keys and values
+        are then held in its buffers. If the kernel fails, the buffers hold what they held."""
+        cos, sin = (t.reshape(hidden.shape[0], -1).contiguous() for t in position_embeddings)
+        like = torch.empty(1, self.kv_heads, 0, self.head_dim)
+        keys, values, held = [], [], []
+        for caches, start, end in segments:
+            length = caches[0].length
+            held.append(length)
+            for cache in caches:
+                assert isinstance(cache, KVBuffer) and cache.length == length, "one length"
+                key_buffer, value_buffer = cache.reserve(length + end - start, like)
+                keys.append(key_buffer)
+                values.append(value_buffer)
+        starts = [start for _, start, _ in segments] + [segments[-1][2]]
+        out = self._kernel_stack().forward(
+            hidden.contiguous(), cos, sin, starts, held, keys, values
+        )
+        for (caches, start, end), length in zip(segments, held, strict=True):
+            for cache in caches:
+                cache.length = length + end - start
+        return out
+
+
+def _packed(product: RowInt4Linear, none: torch.Tensor) -> list[torch.Tensor]:
+    return [product.packed, none if product.bias is None else product.bias]
+
+
+def _fits(layer: Any) -> bool:
+    attention, mlp = layer.attention, layer.mlp
+    return (
+        isinstance(layer.input_norm, RowRMSNorm)
+        and isinstance(layer.post_attention_norm, RowRMSNorm)
+        and attention.row_kernels
+        and mlp.row_kernels
+        and all(
+            isinstance(product, RowInt4Linear)
+            for product in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        )
+        and len(attention.sizes) == 3
+        and attention.sizes[1] == attention.sizes[2]
+    )
