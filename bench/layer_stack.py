@@ -8,8 +8,9 @@ python bench/layer_stack.py [--repeats 10] [--workloads code,chat] [--prompts-pe
    128 cached ones, the stack and the loop alternating over ``--repeats`` rounds; medians.
 2. Decodes: the shipped prompts of ``--workloads``, greedy, on the int4 target: plain, with
    the int4 0.5B draft (k auto) and with the EAGLE head (k auto, where heads are trained for
-   the default target), each with the stack and with the loop in turn; tokens/s (prefill
-   included) and whether every output equals plain decoding with the loop.
+   the default target), each with the stack (EAGLE's layer too) and with the loop (EAGLE's
+   layer through transformers' forward) in turn; tokens/s (prefill included) and whether
+   every output equals plain decoding with the loop.
 
 With ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 SPECDEC_INT4_PATH=avx2`` before it, an AVX-512 CPU runs the
@@ -22,6 +23,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -75,8 +77,8 @@ def passes(name: str, backend: Any, toggle: Toggle, repeats: int) -> None:
 
 def decodes(target: Any, toggles: list[Toggle], drafters: dict[str, Any], args) -> None:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    print("\n| workload | prompt | system | form | tok/s | identical to plain (loop) |")
-    print("|---|---|---|---|---|---|")
+    print("\n| workload | prompt | system | form | tok/s | ms a draft | same as plain (loop) |")
+    print("|---|---|---|---|---|---|---|")
     for workload in args.workloads.split(","):
         text = resources.files("specdec.bench").joinpath(f"workloads/{workload}.jsonl")
         items = [json.loads(line) for line in text.read_text().splitlines() if line.strip()]
@@ -87,8 +89,9 @@ def decodes(target: Any, toggles: list[Toggle], drafters: dict[str, Any], args) 
                 for form in FORMS if index % 2 == 0 else reversed(FORMS):
                     for toggle in toggles:
                         toggle.use(form)
-                    engine = Engine(target, drafter) if drafter is not None else Engine(target)
-                    config = SpecConfig(k="auto") if drafter is not None else None
+                    made = drafter(form)
+                    engine = Engine(target, made) if made is not None else Engine(target)
+                    config = SpecConfig(k="auto") if made is not None else None
                     runs[(system, form)] = engine.generate(prompt, params, config)
             reference = runs[("plain", "loop")].token_ids
             for (system, form), out in runs.items():
@@ -98,9 +101,23 @@ def decodes(target: Any, toggles: list[Toggle], drafters: dict[str, Any], args) 
                     if (system, form) == ("plain", "loop")
                     else (out.token_ids == reference)
                 )
-                print(f"| {workload} | {index} | {system} | {form} | {rate:.2f} | {same} |")
+                drafted = out.stats.drafted_tokens
+                draft_ms = f"{1e3 * out.stats.drafter_seconds / drafted:.2f}" if drafted else "-"
+                print(
+                    f"| {workload} | {index} | {system} | {form} | {rate:.2f} | {draft_ms} "
+                    f"| {same} |"
+                )
     for toggle in toggles:
         toggle.use("stack")
+
+
+def eagle(heads: Any, target: Any, form: str) -> Any:
+    """A fresh EAGLE drafter whose layer runs on the stack, or through transformers' forward
+    (as before the stack) for the loop form."""
+    drafter = heads.drafter(target)
+    if form == "loop":
+        drafter._stacked = None
+    return drafter
 
 
 def main() -> None:
@@ -120,11 +137,14 @@ def main() -> None:
     passes("0.5B", draft, toggles[1], args.repeats)
     if args.skip_decodes:
         return
-    drafters: dict[str, Any] = {"plain": None, "0.5B int4 draft": ModelDrafter(draft)}
+    drafters: dict[str, Callable[[str], Any]] = {
+        "plain": lambda form: None,
+        "0.5B int4 draft": lambda form: ModelDrafter(draft),
+    }
     try:
         target.keep_hidden_states()
         heads = heads_load.load_heads("eagle", target, None, DEFAULT_TARGET)
-        drafters["EAGLE"] = heads.drafter(target)
+        drafters["EAGLE"] = lambda form: eagle(heads, target, form)
     except (ModelError, ValueError) as error:
         print(f"(no EAGLE: {error})")
     decodes(target, toggles, drafters, args)

@@ -346,6 +346,44 @@ def test_eagle_beside_an_int4_or_int8_target_runs_on_int4_and_stays_exact(
 # ---- the CLI on a tiny model directory -----------------------------------------------------
 
 
+def test_eagle_on_int4_runs_its_layer_on_the_stack_with_transformers_bits(
+    tmp_path, target_model, trained
+):
+    """Beside an int4 target the head's layer runs on the kernel's layer stack
+    (``layer_stack.StackedDecoder``): round after round, as its cache follows the text and
+    drops drafted pairs, its drafts and draft probabilities equal those of transformers'
+    forward over the same layer, bit for bit."""
+    import copy
+
+    from specdec.backends.int4 import make_int4_batch_invariant
+
+    heads, _ = trained["eagle"]
+    quantized = make_int4_batch_invariant(copy.deepcopy(target_model))
+    fingerprint = target_fingerprint(quantized)
+    entry = store.entry_dir(str(tmp_path), fingerprint, "tiny-int4")
+    config = heads.config.to_dict() | {"fingerprint": fingerprint}
+    store.save(entry, "eagle", config, heads.net.state_dict())
+    targets = [backend(quantized), backend(quantized)]
+    loaded = load_heads("eagle", targets[0], str(tmp_path), "tiny-int4")
+    drafters = [loaded.drafter(target) for target in targets]
+    assert drafters[0]._stacked is not None
+    drafters[1]._stacked = None  # transformers' forward with its DynamicCache
+    context = [3, 9, 4, 4, 11, 2]
+    params = SamplingParams(temperature=1.0, top_k=12, seed=7)
+    samplers = [Sampler(params), Sampler(params)]
+    for round_ in range(8):
+        proposals = []
+        for target, drafter, sampler in zip(targets, drafters, samplers, strict=True):
+            target.truncate(min(len(target.cached_token_ids), len(context) - 1))
+            target.forward(context[len(target.cached_token_ids) : -1])
+            proposals.append(drafter.propose(context, 4, sampler))
+        a, b = proposals
+        assert a.token_ids == b.token_ids and len(a.token_ids) == 4, round_
+        assert torch.equal(a.draft_probs, b.draft_probs), round_
+        context += a.token_ids[: round_ % 3] + [round_ + 1]  # some drafts kept, then another
+    assert drafters[0]._stacked.length > 0
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, target_model, tokenizer):
     directory = tmp_path_factory.mktemp("heads-model") / "target"

@@ -26,18 +26,16 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from specdec.backends.hf import _eos_token_ids
 from specdec.backends.int4 import RowInt4Linear, uses_row_kernels
 from specdec.backends.int8 import RowInt8Linear
 from specdec.backends.int8_fused import FusedAttention, FusedMLP
 from specdec.backends.kv_buffer import KVBuffer
-from specdec.backends.layer_stack import LayerStack
+from specdec.backends.layer_stack import LayerParts, LayerStack
 from specdec.backends.trim import TrimmedHead
 
 LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
@@ -176,25 +174,6 @@ class ModelSequence:
         self._ids.extend(token_ids)
 
 
-@dataclass(frozen=True)
-class _Layer:
-    input_norm: nn.Module
-    attention: FusedAttention
-    post_attention_norm: nn.Module
-    mlp: FusedMLP
-
-    @classmethod
-    def of(cls, layer: nn.Module) -> _Layer:
-        attention, mlp = layer.get_submodule("self_attn"), layer.get_submodule("mlp")
-        assert isinstance(attention, FusedAttention) and isinstance(mlp, FusedMLP), "supports()"
-        return cls(
-            layer.get_submodule("input_layernorm"),
-            attention,
-            layer.get_submodule("post_attention_layernorm"),
-            mlp,
-        )
-
-
 Work = tuple[ModelSequence, list[int], bool]  # a sequence, its new tokens, last_only
 
 
@@ -218,7 +197,7 @@ class BatchedModel:
         self.embed_tokens = decoder.get_submodule("embed_tokens")
         self.rotary_emb = decoder.get_submodule("rotary_emb")
         self.norm = decoder.get_submodule("norm")
-        self.layers = [_Layer.of(layer) for layer in decoder.layers]
+        self.layers = [LayerParts.of(layer) for layer in decoder.layers]
         self.row_kernels = uses_row_kernels(model)  # then caches are KVBuffers, read in place
         # The int4 runtime's layers run whole in the kernel (backends/layer_stack.py).
         self.stack = LayerStack.of(self.layers) if self.row_kernels else None

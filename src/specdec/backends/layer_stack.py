@@ -15,21 +15,45 @@ operations: ``RowRMSNorm`` norms, fused attention and SiLU MLP on the kernel, ev
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from specdec.backends.int4 import RowInt4Linear, RowRMSNorm, kernel
+from specdec.backends.int8_fused import FusedAttention, FusedMLP
 from specdec.backends.kv_buffer import KVBuffer
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """A Llama-family decoder layer's parts, as the layer loops read them."""
+
+    input_norm: nn.Module
+    attention: FusedAttention
+    post_attention_norm: nn.Module
+    mlp: FusedMLP
+
+    @classmethod
+    def of(cls, layer: nn.Module) -> LayerParts:
+        attention, mlp = layer.get_submodule("self_attn"), layer.get_submodule("mlp")
+        assert isinstance(attention, FusedAttention) and isinstance(mlp, FusedMLP), "fused layers"
+        return cls(
+            layer.get_submodule("input_layernorm"),
+            attention,
+            layer.get_submodule("post_attention_layernorm"),
+            mlp,
+        )
 
 
 class LayerStack:
     """The decoder layers of one model, as the kernel's ``LayerStack``. ``forward`` runs a
     pass of many sequences' rows, each against its own ``KVBuffer`` per layer."""
 
-    def __init__(self, layers: Sequence[Any]):
+    def __init__(self, layers: Sequence[LayerParts]):
         self._layers = list(layers)
-        attention = self._layers[0].attention
+        attention: Any = self._layers[0].attention
         self.head_dim = int(attention.head_dim)
         q_size, kv_size, _ = attention.sizes
         self.heads, self.kv_heads = q_size // self.head_dim, kv_size // self.head_dim
@@ -38,9 +62,8 @@ class LayerStack:
         self._stack: Any = None
 
     @classmethod
-    def of(cls, layers: Sequence[Any]) -> LayerStack | None:
-        """A stack for ``layers`` (``batched._Layer``s), or None where a layer is not one the
-        kernel runs whole."""
+    def of(cls, layers: Sequence[LayerParts]) -> LayerStack | None:
+        """A stack for ``layers``, or None where a layer is not one the kernel runs whole."""
         if not layers or not all(_fits(layer) for layer in layers):
             return None
         shapes = {
@@ -49,7 +72,12 @@ class LayerStack:
         }
         return cls(layers) if len(shapes) == 1 else None
 
-    def _products(self) -> list[RowInt4Linear]:
+    @property
+    def size(self) -> int:
+        """Layers in the stack."""
+        return len(self._layers)
+
+    def _products(self) -> list[Any]:
         return [
             product
             for layer in self._layers
@@ -115,11 +143,11 @@ class LayerStack:
         return out
 
 
-def _packed(product: RowInt4Linear, none: torch.Tensor) -> list[torch.Tensor]:
+def _packed(product: Any, none: torch.Tensor) -> list[torch.Tensor]:
     return [product.packed, none if product.bias is None else product.bias]
 
 
-def _fits(layer: Any) -> bool:
+def _fits(layer: LayerParts) -> bool:
     attention, mlp = layer.attention, layer.mlp
     return (
         isinstance(layer.input_norm, RowRMSNorm)
@@ -133,3 +161,48 @@ def _fits(layer: Any) -> bool:
         and len(attention.sizes) == 3
         and attention.sizes[1] == attention.sizes[2]
     )
+
+
+class StackedDecoder:
+    """A transformers decoder (its ``layers``, ``rotary_emb`` and final ``norm``) on the
+    stack, over ONE sequence of input embeddings with caches of its own: EAGLE's layer on the
+    int4 runtime (``drafters.heads``), which transformers' forward ran with its per-pass
+    setup of masks, cache objects and outputs around one layer. The same kernel calls as
+    that forward on such a model (as ``batched``'s loop, which its tests compare with it)."""
+
+    def __init__(self, decoder: nn.Module, stack: LayerStack):
+        self.stack, self.rotary_emb = stack, decoder.get_submodule("rotary_emb")
+        self.norm = decoder.get_submodule("norm")
+        self.caches = [KVBuffer() for _ in range(stack.size)]
+
+    @classmethod
+    def of(cls, decoder: nn.Module) -> StackedDecoder | None:
+        """None where the decoder's layers are not fused ones the kernel runs whole."""
+        layers = getattr(decoder, "layers", None)
+        if layers is None or not all(hasattr(decoder, n) for n in ("rotary_emb", "norm")):
+            return None
+        try:
+            parts = [LayerParts.of(layer) for layer in layers]
+        except (AssertionError, AttributeError):
+            return None
+        stack = LayerStack.of(parts)
+        return None if stack is None else cls(decoder, stack)
+
+    @property
+    def length(self) -> int:
+        """Positions held in the caches."""
+        return self.caches[0].length
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """embeddings  # [1, n, hidden] at the next n positions -> the final norm's output
+        # [1, n, hidden]; their keys and values are then held."""
+        n = embeddings.shape[1]
+        positions = torch.arange(self.length, self.length + n).unsqueeze(0)
+        rotary = self.rotary_emb(embeddings, positions)
+        hidden = self.stack.forward(embeddings[0].float(), rotary, [(self.caches, 0, n)])
+        return self.norm(hidden.unsqueeze(0))
+
+    def crop(self, n: int) -> None:
+        """Hold the first ``n`` positions."""
+        for cache in self.caches:
+            cache.crop(n)

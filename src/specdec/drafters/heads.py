@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from specdec.backends.base import common_prefix_length
+from specdec.backends.layer_stack import StackedDecoder
 from specdec.config import SamplingParams
 from specdec.drafters.base import KeepGoing, Proposal
 from specdec.drafters.model import _confidence
@@ -125,10 +126,13 @@ class EagleDrafter(_HeadsDrafter):
 
     def __init__(self, target, head: nn.Module, output: nn.Module, embed: nn.Module):
         super().__init__(target, output)
-        self.head = head.eval()
+        self.head: Any = head.eval()  # an EagleHead
         self.embed = embed
         self._cache_config: Any = getattr(head, "body").config  # noqa: B009 (a Module attribute)
         self._cache: Any = None
+        # On the int4 runtime the layer runs on the kernel's layer stack with caches of its
+        # own (the same calls as transformers' forward, without its per-pass setup).
+        self._stacked = StackedDecoder.of(getattr(head, "body"))  # noqa: B009
         self._cached_pairs = 0  # pairs in the cache: real ones, then the last draft's
         self._tokens: list[int] = []  # t_0 .. t_p: the tokens the p real pairs were built on
 
@@ -154,10 +158,13 @@ class EagleDrafter(_HeadsDrafter):
     def _step(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         from transformers import DynamicCache
 
-        if self._cache is None:
-            self._cache = DynamicCache(config=self._cache_config)
         embeddings = self.embed(tokens).to(features.dtype)
-        out = self.head(features, embeddings, self._cache)
+        if self._stacked is not None:
+            out = self._stacked.forward(self.head.join(features, embeddings))
+        else:
+            if self._cache is None:
+                self._cache = DynamicCache(config=self._cache_config)
+            out = self.head(features, embeddings, self._cache)
         self._cached_pairs += features.shape[1]
         return out
 
@@ -165,7 +172,9 @@ class EagleDrafter(_HeadsDrafter):
         """Keep the first ``pairs`` pairs (all real ones)."""
         drop = self._cached_pairs - pairs
         if drop > 0:
-            if pairs == 0:
+            if self._stacked is not None:
+                self._stacked.crop(pairs)
+            elif pairs == 0:
                 self._cache = None
             else:
                 assert self._cache is not None

@@ -84,11 +84,15 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * hidden, hidden)
         self.body = AutoModel.from_config(config)
 
+    def join(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """The layer's input for pairs (f_i, embedding of t_{i+1})  # [batch, pairs, hidden]."""
+        return self.fc(torch.cat([embeddings, features], dim=-1))
+
     def forward(self, features, embeddings, cache=None, positions=None, mask=None) -> torch.Tensor:
         """``positions``  # [1, pairs] and ``mask``  # [1, 1, pairs, keys] bool (True:
         attend) default to the next positions of ``cache`` and a causal mask; training's
         unrolled steps (train.unrolled) pass their own."""
-        x = self.fc(torch.cat([embeddings, features], dim=-1))
+        x = self.join(features, embeddings)
         out = self.body(
             inputs_embeds=x,
             cache=cache,
