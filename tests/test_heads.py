@@ -329,6 +329,7 @@ def test_eagle_beside_an_int4_or_int8_target_runs_on_int4_and_stays_exact(
         assert isinstance(without.net.fc, torch.nn.Linear)
         assert not uses_row_kernels(without.net.body)
         assert any(isinstance(m, RowInt8Linear) for m in without.net.body.modules())
+        assert without.drafter(target)._stacked is None  # transformers' forward, as before
     loaded = load_heads("eagle", target, str(tmp_path), "tiny-quantized")
     assert isinstance(loaded.net.fc, RowInt4Linear) and uses_row_kernels(loaded.net.body)
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
@@ -367,6 +368,7 @@ def test_eagle_on_int4_runs_its_layer_on_the_stack_with_transformers_bits(
     loaded = load_heads("eagle", targets[0], str(tmp_path), "tiny-int4")
     drafters = [loaded.drafter(target) for target in targets]
     assert drafters[0]._stacked is not None
+    assert heads.drafter(backend(target_model))._stacked is None  # a float head: transformers
     drafters[1]._stacked = None  # transformers' forward with its DynamicCache
     context = [3, 9, 4, 4, 11, 2]
     params = SamplingParams(temperature=1.0, top_k=12, seed=7)

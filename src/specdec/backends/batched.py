@@ -238,6 +238,26 @@ class BatchedModel:
                 seq.truncate(n)
             raise
 
+    def _layer_loop(
+        self,
+        hidden: torch.Tensor,  # [1, rows, hidden]
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        sequences: list[ModelSequence],
+        starts: list[int],  # sequence i has rows starts[i] .. starts[i + 1] - 1
+    ) -> torch.Tensor:
+        """The decoder layers over a pass's rows, one module call at a time."""
+        for index, layer in enumerate(self.layers):
+            segments = [
+                (seq.layers[index], starts[i], starts[i + 1]) for i, seq in enumerate(sequences)
+            ]
+            # A decoder layer's arithmetic, in transformers' order.
+            residual = hidden
+            hidden = layer.input_norm(hidden)
+            hidden = residual + layer.attention.forward_ragged(hidden, rotary, segments)
+            residual = hidden
+            hidden = residual + layer.mlp(layer.post_attention_norm(hidden))
+        return hidden
+
     @torch.inference_mode()
     def _forward(self, work: Sequence[Work]) -> list[torch.Tensor]:
         ids = [t for _, tokens, _ in work for t in tokens]
@@ -251,22 +271,12 @@ class BatchedModel:
             starts.append(starts[-1] + len(tokens))
         hidden = self.embed_tokens(torch.tensor([ids], dtype=torch.long))
         rotary = self.rotary_emb(hidden, torch.tensor([positions], dtype=torch.long))
-        if self.stack is not None:  # the same calls as the loop below, in one kernel call
-            hidden = self.stack.forward(
-                hidden[0],
-                rotary,
-                [(seq.layers, starts[i], starts[i + 1]) for i, (seq, _, _) in enumerate(work)],
-            ).unsqueeze(0)
-        for index, layer in enumerate([] if self.stack is not None else self.layers):
-            segments = [
-                (seq.layers[index], starts[i], starts[i + 1]) for i, (seq, _, _) in enumerate(work)
-            ]
-            # A decoder layer's arithmetic, in transformers' order.
-            residual = hidden
-            hidden = layer.input_norm(hidden)
-            hidden = residual + layer.attention.forward_ragged(hidden, rotary, segments)
-            residual = hidden
-            hidden = residual + layer.mlp(layer.post_attention_norm(hidden))
+        sequences = [seq for seq, _, _ in work]
+        if self.stack is not None:  # the loop's calls, in one kernel call
+            segments = [(seq.layers, starts[i], starts[i + 1]) for i, seq in enumerate(sequences)]
+            hidden = self.stack.forward(hidden[0], rotary, segments).unsqueeze(0)
+        else:
+            hidden = self._layer_loop(hidden, rotary, sequences, starts)
         hidden = self.norm(hidden)
         rows = [
             row

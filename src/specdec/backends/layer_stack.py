@@ -181,11 +181,12 @@ class StackedDecoder:
         layers = getattr(decoder, "layers", None)
         if layers is None or not all(hasattr(decoder, n) for n in ("rotary_emb", "norm")):
             return None
-        try:
-            parts = [LayerParts.of(layer) for layer in layers]
-        except (AssertionError, AttributeError):
-            return None
-        stack = LayerStack.of(parts)
+        fused = all(
+            isinstance(getattr(layer, "self_attn", None), FusedAttention)
+            and isinstance(getattr(layer, "mlp", None), FusedMLP)
+            for layer in layers
+        )
+        stack = LayerStack.of([LayerParts.of(layer) for layer in layers]) if fused else None
         return None if stack is None else cls(decoder, stack)
 
     @property
