@@ -1,11 +1,12 @@
 // An int4 model's decoder layers, all of them in ONE call: the same kernel calls, in the same
 // order, as the Python layer loop of backends/batched.py makes one by one.
 //
-// Why (measured on the 1.5B, AMD EPYC, 2 cores; docs/runtime-search.md section 10): with the
-// row operations in the kernel, a one-token step of the int4 1.5B still spent 6.8 of its
-// 37.4 ms outside every kernel call, in the some 30 Python calls and small torch operations
-// a layer makes around them (modules, views, splits, the caches' bookkeeping), and a step of
-// the 0.5B draft 5.9 of 20.9 ms. Here they are a few ATen calls a layer, without Python.
+// Why (measured on the 1.5B, AMD EPYC, 2 cores, every kernel held to its AVX2 code;
+// docs/runtime-search.md section 10): with the row operations in the kernel, a one-token step
+// of the int4 1.5B still spent 6.8 of its 37.4 ms outside every kernel call, in the some 30
+// Python calls and small torch operations a layer makes around them (modules, views, splits,
+// the caches' bookkeeping), and a step of the 0.5B draft 5.9 of 20.9 ms. Here they are a few
+// ATen calls a layer, without Python.
 //
 // Exactness: nothing is computed differently. Each layer is norm, the fused q/k/v product,
 // the rotary mix of q and k, the new keys and values written into each sequence's buffer
