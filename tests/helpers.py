@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 from scipy import stats as scipy_stats
 
 from specdec.backends.hf import HFModel
@@ -11,6 +12,11 @@ from specdec.bench.tiny import CHARS, EOS_ID, VOCAB, char_tokenizer, perturbed_c
 # Chi-square tests reject at this level: with fresh random seeds a correct sampler would fail
 # about 1 run in 10,000. The seeds are fixed, so the suite itself is deterministic.
 SIGNIFICANCE = 1e-4
+
+
+def random_ids(seed: int, count: int, vocab: int = 20) -> list[int]:
+    """``count`` token ids in 1 .. vocab - 1, drawn from their own seeded generator."""
+    return torch.randint(1, vocab, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def backend(model, tokenizer=None) -> HFModel:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import backend, perturbed_copy, tiny_llama
+from helpers import backend, perturbed_copy, random_ids, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends.batched import BatchedModel, supports
 from specdec.backends.int8 import make_int8_batch_invariant
@@ -28,10 +28,6 @@ def quantized_model(request, int8_model):
     return make_int4_batch_invariant(tiny_llama(seed=0))
 
 
-def ids(seed: int, count: int, vocab: int = 20) -> list[int]:
-    return torch.randint(1, vocab, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
 def test_only_the_fused_int8_runtime_is_supported(int8_model):
     assert supports(int8_model)
     assert not supports(tiny_llama(seed=0))
@@ -47,11 +43,11 @@ def test_each_sequence_gets_its_logits_and_features_alone_bit_for_bit(quantized_
     alone = [backend(quantized_model) for _ in range(3)]
     for model in [*sequences, *alone]:
         model.keep_hidden_states()
-    prompts = [ids(1, 9), ids(2, 3), ids(3, 17)]
+    prompts = [random_ids(1, 9), random_ids(2, 3), random_ids(3, 17)]
     passes = [
         [(0, prompts[0], False), (1, prompts[1], True), (2, prompts[2], False)],
-        [(2, ids(4, 5), False), (0, ids(5, 1), False)],
-        [(1, ids(6, 4), False), (2, ids(7, 2), True), (0, ids(8, 6), False)],
+        [(2, random_ids(4, 5), False), (0, random_ids(5, 1), False)],
+        [(1, random_ids(6, 4), False), (2, random_ids(7, 2), True), (0, random_ids(8, 6), False)],
     ]
     for step, work in enumerate(passes):
         got = batched.forward_many([(sequences[i], tokens, last) for i, tokens, last in work])
@@ -72,25 +68,25 @@ def test_a_shared_prefix_is_copied_not_computed_and_gives_the_same_bits(int8_mod
     from specdec.backends.base import sync_cache
 
     batched = BatchedModel(int8_model)
-    shared = ids(30, 12)
+    shared = random_ids(30, 12)
     a, b = batched.sequence(), batched.sequence()
     fresh = backend(int8_model)
     for model in (a, b, fresh):
         model.keep_hidden_states()
-    sync_cache(a, shared + ids(31, 5))
+    sync_cache(a, shared + random_ids(31, 5))
     assert batched.reused_tokens == 0  # nothing to copy from yet
     computed = []
     forward = b.forward
     b.forward = lambda tokens, last_only=False: (
         computed.append(list(tokens)) or forward(tokens, last_only)
     )
-    prompt_b = shared + ids(32, 4)
+    prompt_b = shared + random_ids(32, 4)
     assert sync_cache(b, prompt_b)
     assert computed == [prompt_b[12:]] and batched.reused_tokens == 12
     fresh.forward(prompt_b, last_only=True)
     a.truncate(3)  # the donor moves on; B holds its own copy
-    a.forward(ids(33, 6))
-    block = ids(34, 5)
+    a.forward(random_ids(33, 6))
+    block = random_ids(34, 5)
     assert torch.equal(b.forward(block), fresh.forward(block))
     assert list(b.cached_token_ids) == list(fresh.cached_token_ids)
     assert torch.equal(b.hidden_states(), fresh.hidden_states())
@@ -105,17 +101,17 @@ def test_a_shared_prefix_is_copied_not_computed_and_gives_the_same_bits(int8_mod
 def test_a_finished_sequence_stays_a_donor_for_a_while(int8_model):
     batched = BatchedModel(int8_model)
     first = batched.sequence()
-    first.forward(ids(40, 10), last_only=True)
+    first.forward(random_ids(40, 10), last_only=True)
     del first  # its request ended
     later = batched.sequence()
-    assert later.reuse_prefix(ids(40, 10) + [3]) == 10
+    assert later.reuse_prefix(random_ids(40, 10) + [3]) == 10
     for _ in range(BatchedModel.RECENT + 1):
         batched.sequence()  # newer requests push it out
     del later
     import gc
 
     gc.collect()
-    assert batched.sequence().reuse_prefix(ids(40, 10)) == 0
+    assert batched.sequence().reuse_prefix(random_ids(40, 10)) == 0
 
 
 @pytest.fixture(scope="module", params=["int8", "int4"])
@@ -139,10 +135,10 @@ def test_a_batch_equals_each_sequence_alone_at_real_layer_sizes(real_size_quanti
         sequences = [batched.sequence() for _ in range(4)]
         alone = [backend(model) for _ in range(4)]
         for i, (sequence, single) in enumerate(zip(sequences, alone, strict=True)):
-            prompt = ids(10 + i, 12 + 7 * i, vocab=2048)
+            prompt = random_ids(10 + i, 12 + 7 * i, vocab=2048)
             sequence.forward(prompt, last_only=True)
             single.forward(prompt, last_only=True)
-        blocks = [ids(20 + i, size, vocab=2048) for i, size in enumerate((1, 3, 5, 9))]
+        blocks = [random_ids(20 + i, size, vocab=2048) for i, size in enumerate((1, 3, 5, 9))]
         got = batched.forward_many(
             [(sequence, block, False) for sequence, block in zip(sequences, blocks, strict=True)]
         )
@@ -156,9 +152,9 @@ def test_a_failed_pass_leaves_every_sequence_as_it_was(int8_model, monkeypatch):
     batched = BatchedModel(int8_model)
     first, second = batched.sequence(), batched.sequence()
     reference = backend(int8_model)
-    first.forward(ids(1, 6))
-    second.forward(ids(2, 4))
-    reference.forward(ids(1, 6))
+    first.forward(random_ids(1, 6))
+    second.forward(random_ids(2, 4))
+    reference.forward(random_ids(1, 6))
     mlp = batched.layers[-1].mlp
 
     def broken(x):
@@ -166,11 +162,11 @@ def test_a_failed_pass_leaves_every_sequence_as_it_was(int8_model, monkeypatch):
 
     monkeypatch.setattr(mlp, "forward", broken)
     with pytest.raises(RuntimeError, match="out of memory"):
-        batched.forward_many([(first, ids(3, 3), False), (second, ids(4, 2), False)])
+        batched.forward_many([(first, random_ids(3, 3), False), (second, random_ids(4, 2), False)])
     monkeypatch.undo()
     assert len(first.cached_token_ids) == 6 and len(second.cached_token_ids) == 4
     assert all(layer.keys.shape[-2] == 6 for layer in first.layers)
-    assert torch.equal(first.forward(ids(3, 3)), reference.forward(ids(3, 3)))
+    assert torch.equal(first.forward(random_ids(3, 3)), reference.forward(random_ids(3, 3)))
 
 
 # ---- the engine over a batch ------------------------------------------------------------
@@ -229,22 +225,22 @@ def test_batched_requests_decode_what_each_decodes_alone(
     with the drafts of all requests run one by one or as one pass per draft step."""
     requests = [
         (
-            ids(1, 5),
+            random_ids(1, 5),
             SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True),
             SpecConfig(k=1),
         ),
         (
-            ids(2, 9),
+            random_ids(2, 9),
             SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
             SpecConfig(k=4),
         ),
         (
-            ids(3, 2),
+            random_ids(3, 2),
             SamplingParams(max_tokens=25, temperature=0.0, ignore_eos=True),
             SpecConfig(k="auto"),
         ),
         (
-            ids(4, 7),
+            random_ids(4, 7),
             SamplingParams(max_tokens=20, temperature=0.9, seed=5, ignore_eos=True),
             SpecConfig(k=3),
         ),
@@ -265,7 +261,7 @@ def test_batched_chains_at_k_auto_decode_what_plain_decoding_does(int8_model, in
     repetitive = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     requests = [
         (prompt, SamplingParams(max_tokens=30, ignore_eos=True, **extra), SpecConfig(k="auto"))
-        for prompt in (repetitive, ids(2, 9), repetitive[2:])
+        for prompt in (repetitive, random_ids(2, 9), repetitive[2:])
         for extra in ({"temperature": 0.0}, {"temperature": 0.9, "seed": 3})
     ]
     draft, runs = CountingBatchedModel(int8_draft), []
@@ -288,7 +284,7 @@ def test_each_run_is_charged_its_share_of_a_batched_step(int8_model, int8_draft)
     for seed in range(6):
         engine = Engine(batched.sequence(), ModelDrafter(drafts.sequence()))
         params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-        run = engine.begin(ids(seed, 4 + seed), params, SpecConfig(k=3))
+        run = engine.begin(random_ids(seed, 4 + seed), params, SpecConfig(k=3))
         run.start()
         runs.append(run)
     before = sum(run.stats.target_seconds + run.stats.drafter_seconds for run in runs)
@@ -314,7 +310,7 @@ def test_a_step_the_batch_policy_keeps_from_drafting_drafts_nothing(int8_model, 
     controller, policy = AdaptiveK(), Never()
     runs, alone = [], []
     for seed in range(3):
-        prompt, params = ids(seed, 6), SamplingParams(max_tokens=10, temperature=0.0)
+        prompt, params = random_ids(seed, 6), SamplingParams(max_tokens=10, temperature=0.0)
         engine = Engine(batched.sequence(), ModelDrafter(drafts.sequence()), controller)
         runs.append(engine.begin(prompt, params, SpecConfig(k="auto")))
         runs[-1].start(prepare_drafter=False)
@@ -368,7 +364,7 @@ def test_a_failing_drafter_fails_its_own_request_only(int8_model):
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     runs = []
     for drafter in (Broken(), PromptLookupDrafter()):
-        run = Engine(batched.sequence(), drafter).begin(ids(1, 6), params, SpecConfig(k=2))
+        run = Engine(batched.sequence(), drafter).begin(random_ids(1, 6), params, SpecConfig(k=2))
         run.start()
         runs.append(run)
     broken, fine = step_together(runs, batched.forward_many)
@@ -384,7 +380,7 @@ def test_heads_draft_for_batched_requests_as_for_one(int8_model, kind):
 
     heads, _ = tiny_heads(int8_model, kind, steps=60)
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    prompts = [ids(1, 5), ids(2, 8), ids(3, 3)]
+    prompts = [random_ids(1, 5), random_ids(2, 8), random_ids(3, 3)]
     batched = BatchedModel(int8_model)
     runs = []
     for prompt in prompts:

@@ -4,17 +4,13 @@ the Python layer loop, for many sequences, blocks and rollbacks, at every code p
 import pytest
 import torch
 
-from helpers import tiny_llama
+from helpers import random_ids, tiny_llama
 from specdec.backends import int4
 from specdec.backends.batched import BatchedModel
 from specdec.backends.int4 import make_int4_batch_invariant
 from specdec.backends.int8 import make_int8_batch_invariant
 from specdec.backends.layer_stack import LayerStack
 from specdec.doctor import real_size_model
-
-
-def ids(seed: int, count: int, vocab: int) -> list[int]:
-    return torch.randint(1, vocab, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def pair(model) -> tuple[BatchedModel, BatchedModel]:
@@ -36,11 +32,19 @@ def replay(model, vocab: int) -> None:
             sequence.keep_hidden_states()
         runs.append(sequences)
     passes = [
-        [(0, ids(1, 9, vocab), False), (1, ids(2, 3, vocab), True), (2, ids(3, 17, vocab), False)],
-        [(2, ids(4, 5, vocab), False), (0, ids(5, 1, vocab), False)],
-        [(1, ids(6, 4, vocab), False), (2, ids(7, 2, vocab), True), (0, ids(8, 6, vocab), False)],
-        [(1, ids(9, 270, vocab), False)],  # past the buffers' 256 positions: they grow
-        [(0, ids(10, 1, vocab), False), (1, ids(11, 3, vocab), False)],
+        [
+            (0, random_ids(1, 9, vocab), False),
+            (1, random_ids(2, 3, vocab), True),
+            (2, random_ids(3, 17, vocab), False),
+        ],
+        [(2, random_ids(4, 5, vocab), False), (0, random_ids(5, 1, vocab), False)],
+        [
+            (1, random_ids(6, 4, vocab), False),
+            (2, random_ids(7, 2, vocab), True),
+            (0, random_ids(8, 6, vocab), False),
+        ],
+        [(1, random_ids(9, 270, vocab), False)],  # past the buffers' 256 positions: they grow
+        [(0, random_ids(10, 1, vocab), False), (1, random_ids(11, 3, vocab), False)],
     ]
     for step, work in enumerate(passes):
         got = [
@@ -91,8 +95,8 @@ def test_the_int8_runtime_keeps_the_python_loop():
 def test_a_failed_pass_leaves_the_caches_as_they_were():
     stacked, _ = pair(make_int4_batch_invariant(tiny_llama(seed=0)))
     sequence = stacked.sequence()
-    sequence.forward(ids(1, 7, 20))
-    logits = sequence.forward(ids(2, 1, 20))
+    sequence.forward(random_ids(1, 7, 20))
+    logits = sequence.forward(random_ids(2, 1, 20))
     sequence.truncate(7)
     with pytest.raises(RuntimeError, match="hidden"):
         stacked.stack.forward(  # float64 rows: the kernel refuses the pass
@@ -101,4 +105,4 @@ def test_a_failed_pass_leaves_the_caches_as_they_were():
             [(sequence.layers, 0, 1)],
         )
     assert all(layer.length == 7 for layer in sequence.layers)
-    assert torch.equal(sequence.forward(ids(2, 1, 20)), logits)
+    assert torch.equal(sequence.forward(random_ids(2, 1, 20)), logits)

@@ -33,12 +33,9 @@ import torch
 from specdec.backends.hf import _eos_token_ids
 from specdec.backends.int4 import RowInt4Linear, uses_row_kernels
 from specdec.backends.int8 import RowInt8Linear
-from specdec.backends.int8_fused import FusedAttention, FusedMLP
 from specdec.backends.kv_buffer import KVBuffer
 from specdec.backends.layer_stack import LayerParts, LayerStack
 from specdec.backends.trim import TrimmedHead
-
-LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
 
 
 def supports(model: Any) -> bool:
@@ -54,12 +51,7 @@ def supports(model: Any) -> bool:
         return False
     if not all(hasattr(decoder, name) for name in ("embed_tokens", "rotary_emb", "norm")):
         return False
-    return all(
-        set(dict(layer.named_children())) == LAYER_PARTS
-        and isinstance(layer.self_attn, FusedAttention)
-        and isinstance(layer.mlp, FusedMLP)
-        for layer in layers
-    )
+    return all(LayerParts.fused(layer) for layer in layers)
 
 
 class LayerCache:

@@ -26,6 +26,8 @@ from specdec.backends.int4 import RowInt4Linear, RowRMSNorm, kernel
 from specdec.backends.int8_fused import FusedAttention, FusedMLP
 from specdec.backends.kv_buffer import KVBuffer
 
+LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
+
 
 @dataclass(frozen=True)
 class LayerParts:
@@ -35,6 +37,17 @@ class LayerParts:
     attention: FusedAttention
     post_attention_norm: nn.Module
     mlp: FusedMLP
+
+    @staticmethod
+    def fused(layer: nn.Module) -> bool:
+        """Whether ``layer`` is a plain Llama-family layer with fused attention and MLP (what
+        ``of`` reads)."""
+        children = dict(layer.named_children())
+        return (
+            set(children) == LAYER_PARTS
+            and isinstance(children["self_attn"], FusedAttention)
+            and isinstance(children["mlp"], FusedMLP)
+        )
 
     @classmethod
     def of(cls, layer: nn.Module) -> LayerParts:
@@ -182,11 +195,7 @@ class StackedDecoder:
         layers = getattr(decoder, "layers", None)
         if layers is None or not all(hasattr(decoder, n) for n in ("rotary_emb", "norm")):
             return None
-        fused = all(
-            isinstance(getattr(layer, "self_attn", None), FusedAttention)
-            and isinstance(getattr(layer, "mlp", None), FusedMLP)
-            for layer in layers
-        )
+        fused = all(LayerParts.fused(layer) for layer in layers)
         stack = LayerStack.of([LayerParts.of(layer) for layer in layers]) if fused else None
         return None if stack is None else cls(decoder, stack)
 
