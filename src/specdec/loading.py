@@ -40,17 +40,25 @@ def load_backend(
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     if runtime == "llamacpp":
         return _load_llamacpp(spec, cache_dir, progress, gguf_type)
+    directory = model_directory(spec, cache_dir, progress)
+    return load_hf(directory, dtype, progress, int8_cache=cache_root(cache_dir) / "int8")
+
+
+def model_directory(
+    spec: str, cache_dir: str | None = None, progress: Progress | None = None
+) -> Path:
+    """The float32 transformers directory of ``spec``: a catalog name's (converted once) or
+    ``spec`` itself, a directory."""
     if spec in CATALOG:
-        directory = ensure_converted(
+        return ensure_converted(
             lookup(spec), cache_root(cache_dir), *([progress] if progress else [])
         )
-    else:
-        directory = Path(spec).expanduser()
-        if not directory.is_dir():
-            raise ValueError(
-                f"{spec!r} is neither a catalog model ({', '.join(CATALOG)}) nor a directory"
-            )
-    return load_hf(directory, dtype, progress, int8_cache=cache_root(cache_dir) / "int8")
+    directory = Path(spec).expanduser()
+    if not directory.is_dir():
+        raise ValueError(
+            f"{spec!r} is neither a catalog model ({', '.join(CATALOG)}) nor a directory"
+        )
+    return directory
 
 
 def load_hf(
