@@ -77,9 +77,9 @@ def test_one_hook_however_many_backends(target_model):
 
 
 def test_settings_a_checkpoint_was_not_started_with_are_refused(tmp_path):
-    """Continuing cannot change the heads' shape: a --vocab-size, --num-heads (Medusa) or
-    --intermediate-size (EAGLE) other than the checkpoint's is refused, one the same or
-    left out is not."""
+    """Continuing cannot change the heads' shape: a --vocab-size, --num-heads (Medusa),
+    --intermediate-size or --init (EAGLE) other than the checkpoint's is refused, one the
+    same or left out is not."""
     from argparse import Namespace
 
     from specdec.heads.nets import HeadsConfig
@@ -94,14 +94,17 @@ def test_settings_a_checkpoint_was_not_started_with_are_refused(tmp_path):
         intermediate_size=2048,
     )
 
-    def check(vocab_size=None, num_heads=None, intermediate_size=None, kind="eagle"):
+    def check(
+        vocab_size=None, num_heads=None, intermediate_size=None, kind="eagle", init=None, **kw
+    ):
         args = Namespace(
             kind=kind,
             vocab_size=vocab_size,
             num_heads=num_heads,
             intermediate_size=intermediate_size,
+            init=init,
         )
-        check_continuing(args, config, tmp_path / ".eagle.checkpoint.pt")
+        check_continuing(args, config, tmp_path / ".eagle.checkpoint.pt", **kw)
 
     check()
     check(vocab_size=16384, intermediate_size=2048, num_heads=7)  # heads: Medusa's only
@@ -113,6 +116,12 @@ def test_settings_a_checkpoint_was_not_started_with_are_refused(tmp_path):
         check(vocab_size=8000, intermediate_size=4096)
     with pytest.raises(ValueError, match="--num-heads 3 \\(it has 4\\)"):
         check(num_heads=3, kind="medusa")
+    check(init="target", started="target")
+    check(init="random")  # a checkpoint from before --init started random
+    with pytest.raises(ValueError, match="--init target \\(it started random\\)"):
+        check(init="target")
+    with pytest.raises(ValueError, match="--init random \\(it started target\\)"):
+        check(init="random", started="target")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -424,8 +433,9 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
         assert "saved" in (err := capsys.readouterr().err)
         assert ("unroll 2" in err) == (kind == "eagle"), err
         saved = next((tmp_path / "cache" / "heads").glob(f"*/{kind}/config.json"))
-        rate = json.loads(saved.read_text())["training"]["learning_rate"]
-        assert rate == (0.002 if kind == "eagle" else 1e-3)  # as asked, else the kind's default
+        training = json.loads(saved.read_text())["training"]
+        assert training["learning_rate"] == (0.002 if kind == "eagle" else 1e-3)  # as asked
+        assert training.get("init") == ("target" if kind == "eagle" else None)  # the default
         assert main(["heads", "eval", "--kind", kind, "--max-k", "3", *common]) == 0
         result = json.loads(capsys.readouterr().out)
         assert len(result["acceptance_by_position"]) == 3 and result["c_per_draft"] > 0
@@ -471,6 +481,15 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
         assert main(["heads", "train", *args, "--minutes", "0.03", *common]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+    # --init random starts over from random weights, and a checkpoint keeps its start
+    train = ["heads", "train", "--kind", "eagle", "--minutes", "0.03", *common]
+    assert main([*train, "--init", "random", "--restart"]) == 0
+    saved = next((tmp_path / "cache" / "heads").glob("*/eagle/config.json"))
+    assert json.loads(saved.read_text())["training"]["init"] == "random"
+    capsys.readouterr()
+    assert main([*train, "--init", "target"]) == 2
+    err = capsys.readouterr().err
+    assert "--init target (it started random)" in err and err.count("\n") == 1, err
 
 
 def test_heads_dtype_defaults_to_the_runtime_generate_chooses(
@@ -568,6 +587,7 @@ def test_heads_arguments_are_checked_before_the_target_loads(tmp_path, capsys, m
         (["heads", "train", "--kind", "eagle", "--minutes", "0"], "--minutes must be > 0"),
         (["heads", "train", "--kind", "eagle", "--learning-rate", "0"], "--learning-rate must"),
         (["heads", "train", "--kind", "medusa", "--unroll", "2"], "--unroll is for EAGLE"),
+        (["heads", "train", "--kind", "medusa", "--init", "target"], "--init is for EAGLE"),
         (["heads", "eval", "--kind", "eagle", "--max-k", "0"], "--max-k must be in 1..16"),
         (["heads", "eval", "--kind", "eagle", "--positions", "0"], "--positions must be >= 1"),
     ]
@@ -909,3 +929,71 @@ def test_eagle_at_distill_weight_0_never_runs_the_output_layer(target_model):
     assert torch.equal(losses[0], losses[1])
     torch.manual_seed(3)
     assert not torch.equal(eagle_loss(net, output, tokens, features, embed, 0.1), losses[0])
+
+
+def test_eagle_starts_as_the_targets_last_layer(target_model, model_dir):
+    """``heads train --init target``: with the target's MLP width, the head's layer and final
+    norm compute what the target's last layer and final norm compute, on the feature."""
+    import copy
+
+    from specdec.heads.nets import start_from_target
+    from specdec.heads.train import target_layer
+
+    net = tiny_eagle_layer(target_model)  # intermediate 64: the target's own width
+    start_from_target(net, *target_layer(model_dir))
+    last = copy.deepcopy(target_model.model)
+    last.layers = torch.nn.ModuleList([last.layers[-1]])
+    x = torch.randn(
+        1, 7, target_model.config.hidden_size, generator=torch.Generator().manual_seed(3)
+    )
+    with torch.no_grad():
+        ours = net.body(inputs_embeds=x).last_hidden_state
+        theirs = last(inputs_embeds=x).last_hidden_state
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    # fc starts as the feature's identity: the layer first reads f_i, not the token
+    features, embeddings = torch.randn(2, 1, 5, target_model.config.hidden_size)
+    assert torch.equal(net.join(features, embeddings), features)
+
+
+def test_a_narrower_eagle_mlp_keeps_the_targets_strongest_channels(
+    target_model, model_dir, tmp_path
+):
+    import dataclasses
+
+    from specdec.heads.nets import HeadsConfig, build, start_from_target
+    from specdec.heads.train import target_layer
+
+    layer, norm = target_layer(model_dir)
+    strong = [3, 17, 40, 41, 60]
+    for channel in strong:  # these channels move the output most: gate, up and down scaled
+        layer["mlp.gate_proj.weight"][channel] *= 10
+        layer["mlp.down_proj.weight"][:, channel] *= 10
+    config = HeadsConfig(
+        kind="eagle",
+        fingerprint="tiny",
+        hidden_size=target_model.config.hidden_size,
+        vocab_size=target_model.config.vocab_size,
+        token_ids=list(range(8)),
+        intermediate_size=len(strong),
+        target_config=target_model.config.to_dict(),
+    )
+    net = build(config)
+    start_from_target(net, layer, norm)
+    mlp = net.body.layers[0].mlp
+    assert torch.equal(mlp.gate_proj.weight, layer["mlp.gate_proj.weight"][strong])
+    assert torch.equal(mlp.up_proj.weight, layer["mlp.up_proj.weight"][strong])
+    assert torch.equal(mlp.down_proj.weight, layer["mlp.down_proj.weight"][:, strong])
+    assert torch.equal(net.body.norm.weight, norm)
+    # wider than the target's 64: all of its channels first, the others as built
+    wide = build(dataclasses.replace(config, intermediate_size=70))
+    built = {n: w.detach().clone() for n, w in wide.body.layers[0].mlp.named_parameters()}
+    start_from_target(wide, layer, norm)
+    mlp = wide.body.layers[0].mlp
+    assert torch.equal(mlp.gate_proj.weight[:64], layer["mlp.gate_proj.weight"])
+    assert torch.equal(mlp.up_proj.weight[:64], layer["mlp.up_proj.weight"])
+    assert torch.equal(mlp.down_proj.weight[:, :64], layer["mlp.down_proj.weight"])
+    assert torch.equal(mlp.gate_proj.weight[64:], built["gate_proj.weight"][64:])
+    assert torch.equal(mlp.down_proj.weight[:, 64:], built["down_proj.weight"][:, 64:])
+    target_model.config.to_json_file(tmp_path / "config.json")  # and no weights beside it
+    with pytest.raises(ValueError, match="no last decoder layer .*--init random"):
+        target_layer(tmp_path)

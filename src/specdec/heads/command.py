@@ -10,7 +10,7 @@ from specdec.heads.data import CORPUS_SUFFIXES
 from specdec.heads.evaluate import POSITIONS_PER_CHUNK
 from specdec.heads.make import REPLY_TOKENS
 from specdec.heads.nets import KINDS
-from specdec.heads.train import PRECISIONS
+from specdec.heads.train import INITS, PRECISIONS
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.runtime import runtime_value
 
@@ -154,6 +154,14 @@ def add_parser(commands, parser_class) -> None:
         type=float,
         help="AdamW's peak learning rate, reached after a short warmup and decayed linearly "
         "to a tenth over the budget (default: 5e-4 for EAGLE, 1e-3 for Medusa)",
+    )
+    train.add_argument(
+        "--init",
+        choices=INITS,
+        help="EAGLE: where its layer starts when training starts (not when it continues): "
+        "target = the target's last decoder layer (attention, norms, its strongest MLP "
+        "channels) and final norm, random = transformers' random weights (default: target; "
+        'docs/heads.md, "Starting from the target\'s last layer")',
     )
     train.add_argument("--restart", action="store_true", help="discard a checkpoint, start over")
     _common(train)

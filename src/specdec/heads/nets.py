@@ -103,6 +103,48 @@ class EagleHead(nn.Module):
         return out.last_hidden_state
 
 
+FROM_TARGET = ("self_attn.", "input_layernorm.", "post_attention_layernorm.")
+
+
+def start_from_target(head: EagleHead, layer: dict[str, torch.Tensor], norm: torch.Tensor) -> None:
+    """Start EAGLE's layer as the target's last decoder layer (``layer``: its tensors by
+    name within the layer, ``self_attn.q_proj.weight`` ...) and its final norm ``norm``,
+    instead of random weights: the layer the head imitates is the one that makes the
+    features it predicts. A narrower MLP keeps the target's channels i of the largest
+    ``|gate_i| |up_i| |down_i|`` (row, row and column norms: the channels that move the
+    output most, in their order); a wider one all of them, first, its other channels
+    random as built (a zero channel would get no gradient). ``fc`` starts as the feature's
+    identity, its embedding half zero: the layer first reads f_i and learns the token's
+    part. MEASURED (held out, the same 500 training steps, docs/heads.md "Starting from the
+    target's last layer"): first draft accepted 0.533 on chat against 0.467 from random
+    weights, code level."""
+    own = head.body.layers[0]
+    state = {name: tensor for name, tensor in layer.items() if name.startswith(FROM_TARGET)}
+    gate, up, down = (layer[f"mlp.{name}_proj.weight"] for name in ("gate", "up", "down"))
+    width = min(own.mlp.gate_proj.out_features, gate.shape[0])
+    score = gate.float().norm(dim=1) * up.float().norm(dim=1) * down.float().norm(dim=0)
+    keep = score.topk(width).indices.sort().values
+    mlp = {"gate_proj": gate[keep], "up_proj": up[keep], "down_proj": down[:, keep].T}
+    missing = (
+        {name for name, _ in own.named_parameters()}
+        - set(state)
+        - {f"mlp.{name}.weight" for name in mlp}
+    )
+    if missing:
+        raise ValueError(f"the target's last layer lacks {', '.join(sorted(missing))}")
+    hidden = head.fc.out_features
+    with torch.no_grad():
+        for name, tensor in state.items():
+            own.get_parameter(name).copy_(tensor)
+        for name, rows in mlp.items():  # channel c: row c of gate and up, column c of down
+            weight = own.mlp.get_submodule(name).weight
+            (weight.T if name == "down_proj" else weight)[:width] = rows
+        head.body.norm.weight.copy_(norm)
+        head.fc.weight.zero_()
+        head.fc.weight[:, hidden:] = torch.eye(hidden)  # join() puts the feature second
+        head.fc.bias.zero_()
+
+
 def _one_layer(target_config: dict, intermediate_size: int) -> dict:
     """The target's architecture cut to one decoder layer with its own MLP width, and no
     vocabulary of its own (tokens are embedded by the target's embedding)."""

@@ -7,7 +7,7 @@ teacher, so no labelled data set is needed.
 - EAGLE: the layer learns to predict ``f_{i+1}`` from ``(f_i, t_{i+1})``: a smooth-L1
   regression on the feature plus 0.1 x the distillation loss (EAGLE-1's recipe), with
   uniform noise on its input features (EAGLE's defence against drafting from its own,
-  imperfect, predictions).
+  imperfect, predictions). Its layer starts as the target's last layer (``--init``).
 
 The budget is wall-clock minutes; a checkpoint is written every minute and at the end, and
 a rerun continues from it (same data, same kind). Matrix products run in bfloat16 where the
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from specdec.heads import data, store
-from specdec.heads.nets import HeadsConfig, build
+from specdec.heads.nets import EagleHead, HeadsConfig, build, start_from_target
 from specdec.vocab import top_tokens
 
 CHECKPOINT_EVERY = 60.0  # seconds
@@ -43,6 +43,12 @@ LATER_DISTILL_EVERY = 4  # EAGLE unrolled: distill steps 2+ on every 4th chain (
 
 
 PRECISIONS = ("auto", "bfloat16", "float32")
+# EAGLE: where its layer starts (``nets.start_from_target``); Medusa's heads always start as
+# the identity. The target's last layer is the default: after the same 500 float32 steps its
+# first chat draft was accepted 0.533 against 0.467 from random weights, code level
+# (docs/heads.md, "Starting from the target's last layer").
+INITS = ("target", "random")
+DEFAULT_INIT = "target"
 # Defaults by the precision training runs in. In float32 (a CPU without native bfloat16) the
 # output layer is most of a step: 16,384 rows, distilled on every 4th position, gave 2.8x
 # the steps of 32,768 rows on all of them and better drafts held out after the same 12
@@ -228,14 +234,18 @@ def train(
     precision: str = "auto",
     unroll: int = 1,
     distill_every: int = 1,
+    init: str | None = None,
 ) -> dict:
     """Train ``net`` in place for ``minutes`` (plus any time an earlier run spent, read from
     ``state``), or ``max_steps`` steps in all if that comes first; returns the training
     record (steps, tokens seen, minutes, the mean loss of every 20 steps, the precision of
-    the matrix products: that of the last run where a checkpoint was continued)."""
+    the matrix products: that of the last run where a checkpoint was continued; ``init``,
+    where the caller started an EAGLE layer, as the first run said)."""
     lr = learning_rate or (1e-3 if config.kind == "medusa" else 5e-4)
     optimizer = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
     record: dict[str, Any] = {"steps": 0, "tokens_seen": 0, "minutes": 0.0, "losses": []}
+    if init is not None:
+        record["init"] = init
     if state is not None:
         net.load_state_dict(state["net"])
         optimizer.load_state_dict(state["optimizer"])
@@ -334,16 +344,23 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--distill-every must be in 1..64, got {args.distill_every}")
     if (args.distill_every or 1) > 1 and args.kind != "eagle":
         raise ValueError("--distill-every is for EAGLE (Medusa's heads learn by distilling alone)")
+    if args.init is not None and args.kind != "eagle":
+        raise ValueError("--init is for EAGLE (Medusa's heads start as the identity)")
     if args.learning_rate is not None and not 0 < args.learning_rate <= 0.1:
         raise ValueError(f"--learning-rate must be in (0, 0.1], got {args.learning_rate}")
     if args.distill_weight < 0:
         raise ValueError(f"--distill-weight must be >= 0, got {args.distill_weight}")
 
 
-def check_continuing(args: argparse.Namespace, config: HeadsConfig, checkpoint: Path) -> None:
+def check_continuing(
+    args: argparse.Namespace, config: HeadsConfig, checkpoint: Path, started: str | None = None
+) -> None:
     """Refuse shape settings given for this run that the checkpoint it would continue was
-    started without (they cannot change mid-training: continuing would ignore them)."""
+    started without (they cannot change mid-training: continuing would ignore them);
+    ``started``: the EAGLE init its record names (none before ``--init`` existed: random)."""
     differ = []
+    if args.init is not None and args.init != (started or "random"):
+        differ.append(f"--init {args.init} (it started {started or 'random'})")
     count, asked = config.vocab_count, args.vocab_size
     # N asked gives N tokens (all of a smaller vocabulary) and up to SPECIAL_SLACK specials
     if asked is not None and not min(asked, config.vocab_size) <= count <= asked + SPECIAL_SLACK:
@@ -383,6 +400,34 @@ def step_settings(args: argparse.Namespace, continuing: bool = False) -> tuple[i
     return vocab_size, every
 
 
+def fresh_config(
+    kind: str,
+    target,
+    fingerprint: str,
+    tokens: torch.Tensor,
+    vocab_size: int,
+    num_heads: int = HeadsConfig.num_heads,
+    intermediate_size: int = HeadsConfig.intermediate_size,
+) -> HeadsConfig:
+    """The config of heads trained from nothing for ``target`` on data ``tokens``: they
+    score the ``vocab_size`` most frequent tokens and the target's special ones."""
+    special = sorted(
+        {int(t) for t in getattr(target.tokenizer, "all_special_ids", [])}
+        | set(target.eos_token_ids)
+    )
+    special = [t for t in special if 0 <= t < target.vocab_size][:SPECIAL_SLACK]
+    return HeadsConfig(
+        kind=kind,
+        fingerprint=fingerprint,
+        hidden_size=target.hidden_size,
+        vocab_size=target.vocab_size,
+        token_ids=trimmed_vocabulary(tokens, vocab_size, special, target.vocab_size),
+        num_heads=num_heads,
+        intermediate_size=intermediate_size,
+        target_config=target.model.config.to_dict() if kind == "eagle" else {},
+    )
+
+
 def run_command(
     args: argparse.Namespace, target, fingerprint: str, data_dir: Path, entry: Path, progress
 ) -> int:
@@ -401,29 +446,30 @@ def run_command(
     vocab_size, distill_every = step_settings(args, continuing=state is not None)
     if state is not None:
         config = HeadsConfig.from_dict(state["config"])
-        check_continuing(args, config, checkpoint)
+        check_continuing(args, config, checkpoint, state["record"].get("init"))
         sys.stderr.write(
             f"continuing from a checkpoint: {state['record']['steps']} steps, "
             f"{state['record']['minutes']:.1f} min so far, {config.vocab_count} tokens scored "
             "(--restart to start over)\n"
         )
     else:
-        special = sorted(
-            {int(t) for t in getattr(target.tokenizer, "all_special_ids", [])}
-            | set(target.eos_token_ids)
-        )
-        special = [t for t in special if 0 <= t < target.vocab_size][:SPECIAL_SLACK]
-        config = HeadsConfig(
-            kind=args.kind,
-            fingerprint=fingerprint,
-            hidden_size=target.hidden_size,
-            vocab_size=target.vocab_size,
-            token_ids=trimmed_vocabulary(train_set.tokens, vocab_size, special, target.vocab_size),
-            num_heads=num_heads,
-            intermediate_size=args.intermediate_size or HeadsConfig.intermediate_size,
-            target_config=target.model.config.to_dict() if args.kind == "eagle" else {},
+        config = fresh_config(
+            args.kind,
+            target,
+            fingerprint,
+            train_set.tokens,
+            vocab_size,
+            num_heads,
+            args.intermediate_size or HeadsConfig.intermediate_size,
         )
     net = build(config)
+    init = None
+    if isinstance(net, EagleHead) and state is None:
+        init = args.init or DEFAULT_INIT
+        if init == "target":
+            from specdec.loading import model_directory
+
+            start_from_target(net, *target_layer(model_directory(args.target, args.cache_dir)))
     output = output_rows(target, config.token_ids)
     embed = target.model.get_input_embeddings()
     entry.mkdir(parents=True, exist_ok=True)
@@ -442,6 +488,7 @@ def run_command(
         precision=args.precision,
         unroll=args.unroll,
         distill_every=distill_every,
+        init=init,
     )
     if record["steps"] < MIN_STEPS:  # the checkpoint keeps them: a rerun adds to it
         steps = record["steps"]
@@ -471,6 +518,34 @@ def run_command(
         f"{losses[0] if losses else '?'} -> {losses[-1] if losses else '?'}\n"
     )
     return 0
+
+
+def target_layer(directory: Path) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The float tensors of the target's last decoder layer (by name within the layer:
+    ``self_attn.q_proj.weight`` ...) and its final norm's weight, read from the safetensors
+    files of its transformers ``directory`` (what ``nets.start_from_target`` starts EAGLE's
+    layer from)."""
+    import json
+
+    from safetensors import safe_open
+
+    config = json.loads((directory / "config.json").read_text())
+    prefix = f"model.layers.{int(config['num_hidden_layers']) - 1}."
+    layer: dict[str, torch.Tensor] = {}
+    norm = None
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(path, "pt") as weights:
+            for key in weights.keys():  # noqa: SIM118 (safe_open is not iterable)
+                if key.startswith(prefix):
+                    layer[key[len(prefix) :]] = weights.get_tensor(key).float()
+                elif key == "model.norm.weight":
+                    norm = weights.get_tensor(key).float()
+    if not layer or norm is None:
+        raise ValueError(
+            f"{directory}: no last decoder layer and final norm in its safetensors files "
+            "(--init random trains without them)"
+        )
+    return layer, norm
 
 
 def output_rows(target, token_ids: list[int]) -> torch.Tensor:
