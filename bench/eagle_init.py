@@ -1,7 +1,7 @@
 """Where EAGLE's layer starts: random weights, or the target's own last decoder layer.
 
 python bench/eagle_init.py [--steps 500] [--arms random,target,target-layer] [--data DIR]
-    [--max-k 4] [--positions 48] [--out results.json]
+    [--max-k 4] [--positions 48] [--seed 0] [--out results.json]
 
 Trains one EAGLE head per arm on the same data for the same number of steps (``heads
 train``'s loop with ``max_steps``: the same batches, in the same order, whatever the
@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("--data", help="data directory (default: the heads cache's)")
     parser.add_argument("--max-k", type=int, default=4)
     parser.add_argument("--positions", type=int, default=48, help="per held-out chunk")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="the heads' random weights and input noise (0)"
+    )
     parser.add_argument("--out", help="write the results here as JSON")
     args = parser.parse_args()
     arms = args.arms.split(",")
@@ -91,11 +94,12 @@ def main() -> None:
         "data_tokens": int(train_set.tokens.numel()),
         "held_out_chunks": int(held.tokens.shape[0]),
         "steps": args.steps,
+        "seed": args.seed,
         "arms": {},
     }
     print(json.dumps({k: v for k, v in results.items() if k != "arms"}), flush=True)
     for arm in arms:
-        torch.manual_seed(0)
+        torch.manual_seed(args.seed)
         net = build(config)
         if arm != "random":
             fc = copy.deepcopy(net.fc.state_dict())

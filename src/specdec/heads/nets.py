@@ -103,9 +103,6 @@ class EagleHead(nn.Module):
         return out.last_hidden_state
 
 
-FROM_TARGET = ("self_attn.", "input_layernorm.", "post_attention_layernorm.")
-
-
 def start_from_target(head: EagleHead, layer: dict[str, torch.Tensor], norm: torch.Tensor) -> None:
     """Start EAGLE's layer as the target's last decoder layer (``layer``: its tensors by
     name within the layer, ``self_attn.q_proj.weight`` ...) and its final norm ``norm``,
@@ -119,17 +116,14 @@ def start_from_target(head: EagleHead, layer: dict[str, torch.Tensor], norm: tor
     target's last layer"): first draft accepted 0.533 on chat against 0.467 from random
     weights, code level."""
     own = head.body.layers[0]
-    state = {name: tensor for name, tensor in layer.items() if name.startswith(FROM_TARGET)}
+    params = {name for name, _ in own.named_parameters()}
+    state = {n: t for n, t in layer.items() if n in params and not n.startswith("mlp.")}
     gate, up, down = (layer[f"mlp.{name}_proj.weight"] for name in ("gate", "up", "down"))
     width = min(own.mlp.gate_proj.out_features, gate.shape[0])
     score = gate.float().norm(dim=1) * up.float().norm(dim=1) * down.float().norm(dim=0)
     keep = score.topk(width).indices.sort().values
     mlp = {"gate_proj": gate[keep], "up_proj": up[keep], "down_proj": down[:, keep].T}
-    missing = (
-        {name for name, _ in own.named_parameters()}
-        - set(state)
-        - {f"mlp.{name}.weight" for name in mlp}
-    )
+    missing = params - set(state) - {f"mlp.{name}.weight" for name in mlp}
     if missing:
         raise ValueError(f"the target's last layer lacks {', '.join(sorted(missing))}")
     hidden = head.fc.out_features
