@@ -994,6 +994,9 @@ def test_a_narrower_eagle_mlp_keeps_the_targets_strongest_channels(
     assert torch.equal(mlp.down_proj.weight[:, :64], layer["mlp.down_proj.weight"])
     assert torch.equal(mlp.gate_proj.weight[64:], built["gate_proj.weight"][64:])
     assert torch.equal(mlp.down_proj.weight[:, 64:], built["down_proj.weight"][:, 64:])
+    incomplete = {n: t for n, t in layer.items() if n != "self_attn.o_proj.weight"}
+    with pytest.raises(ValueError, match="lacks self_attn.o_proj.weight"):
+        start_from_target(build(config), incomplete, norm)
     target_model.config.to_json_file(tmp_path / "config.json")  # and no weights beside it
     with pytest.raises(ValueError, match="no last decoder layer .*--init random"):
         target_layer(tmp_path)
