@@ -34,7 +34,7 @@ from specdec.doctor import cpu_name
 from specdec.heads import data, store
 from specdec.heads.evaluate import Agreement, agreement
 from specdec.heads.fingerprint import target_fingerprint
-from specdec.heads.load import Heads, eagle_on_int4, quantize
+from specdec.heads.load import drafting
 from specdec.heads.nets import build, start_from_target
 from specdec.heads.train import (
     DEFAULT_DISTILL_EVERY,
@@ -66,7 +66,6 @@ def main() -> None:
     if unknown := set(arms) - set(ARMS):
         parser.error(f"unknown arms {sorted(unknown)}: {', '.join(ARMS)}")
 
-    from specdec.backends.trim import TrimmedHead
     from specdec.cli import target_runtime
     from specdec.loading import load_backend, model_directory
     from specdec.models import DEFAULT_TARGET
@@ -119,12 +118,7 @@ def main() -> None:
             distill_every=DEFAULT_DISTILL_EVERY[precision],
         )
         minutes = (time.monotonic() - began) / 60
-        drafting = quantize(copy.deepcopy(net), int4=eagle_on_int4(target.model)).eval()
-        heads = Heads(
-            config,
-            drafting,
-            TrimmedHead(target.model.get_output_embeddings(), config.token_ids, config.vocab_size),
-        )
+        heads = drafting(config, copy.deepcopy(net), target.model)
         by_source = {}
         for source in sorted(set(held.sources)):
             agree = agreement(heads.drafter, target, held.only(source), args.max_k, args.positions)

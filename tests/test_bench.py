@@ -89,6 +89,15 @@ def test_unknown_system_is_an_error(capsys):
     assert "unknown system" in capsys.readouterr().err
 
 
+def test_a_target_that_is_no_model_is_one_line(tmp_path, capsys):
+    """The tokenizer is read from the same model directory loading uses: a target that is
+    neither a catalog name nor a directory is one line, not transformers' traceback."""
+    args = ["bench", "--target", str(tmp_path / "nowhere"), "--systems", "plain"]
+    assert main([*args, "--max-tokens", "2", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "is neither a catalog model" in err and err.count("\n") == 1, err
+
+
 def test_system_names_parse_drafter_k_and_runtime():
     from specdec.bench.systems import ModelPool, Runtime, describe, make_system, reference_of
 

@@ -114,9 +114,7 @@ def load_tokenizer(spec: str, cache_dir: str | None = None):
     """The transformers tokenizer of a catalog model or a model directory."""
     from transformers import AutoTokenizer
 
-    if spec in CATALOG:
-        return AutoTokenizer.from_pretrained(ensure_converted(lookup(spec), cache_root(cache_dir)))
-    return AutoTokenizer.from_pretrained(Path(spec).expanduser())
+    return AutoTokenizer.from_pretrained(model_directory(spec, cache_dir))
 
 
 def _load_llamacpp(spec: str, cache_dir: str | None, progress: Progress | None, gguf_type: str):

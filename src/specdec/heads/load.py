@@ -38,7 +38,6 @@ def load_heads(kind: str, target, cache_dir: str | None = None, target_name: str
     """The heads of ``kind`` trained for ``target`` (an ``HFModel``); ValueError with the
     next step if there are none, or they are another target's, or damaged."""
     from specdec.backends.hf import HFModel
-    from specdec.backends.trim import TrimmedHead
 
     if not isinstance(target, HFModel):
         raise ValueError(
@@ -54,8 +53,17 @@ def load_heads(kind: str, target, cache_dir: str | None = None, target_name: str
         net.load_state_dict(state)
     except RuntimeError as error:
         raise ValueError(f"{entry / kind}: heads do not fit their config ({error})") from None
-    net = quantize(net, int4=config.kind == "eagle" and eagle_on_int4(target.model)).eval()
-    output = TrimmedHead(target.model.get_output_embeddings(), config.token_ids, config.vocab_size)
+    return drafting(config, net, target.model)
+
+
+def drafting(config: HeadsConfig, net: nn.Module, model) -> Heads:
+    """Trained ``net`` (quantized in place) as the heads that draft beside the target
+    ``model``: on int4 or int8 as ``quantize`` says, over its output layer trimmed to the
+    heads' vocabulary."""
+    from specdec.backends.trim import TrimmedHead
+
+    net = quantize(net, int4=config.kind == "eagle" and eagle_on_int4(model)).eval()
+    output = TrimmedHead(model.get_output_embeddings(), config.token_ids, config.vocab_size)
     return Heads(config, net, output)
 
 
