@@ -1,6 +1,8 @@
 """The benchmark harness itself, on tiny random models (quick mode)."""
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -311,3 +313,42 @@ def test_the_machine_line_names_the_cpu_kind_and_any_held_kernels(monkeypatch):
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file() and "cpu family" in cpuinfo.read_text():
         assert "family " in held and " model " in held
+
+
+def _run_by_run():
+    path = Path(__file__).resolve().parents[1] / "bench" / "run_by_run.py"
+    spec = importlib.util.spec_from_file_location("run_by_run", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_run_by_run_pairs_each_prompt_and_repeat(report, capsys):
+    """bench/run_by_run.py: paired ratios (same prompt, same repeat), their median and how
+    many were faster, per workload; bad pairs and files are one line, exit 2."""
+    run_by_run = _run_by_run()
+    runs = [
+        {
+            "system": system,
+            "workload": "code",
+            "prompt_id": f"p{p}",
+            "repeat": r,
+            "tokens_per_second": rate,
+            "identical_to_reference": True,
+        }
+        for system, rates in (("a", [10, 20, 30, 40]), ("b", [5, 40, 15, 80]))
+        for (p, r), rate in zip([(0, 0), (1, 0), (0, 1), (1, 1)], rates, strict=True)
+    ]
+    runs[-1]["identical_to_reference"] = False
+    assert run_by_run.paired_ratios(runs, "a", "b", "code") == [2.0, 2.0, 0.5, 0.5]
+    assert run_by_run.lines({"runs": runs}, [("a", "b")]) == [
+        "a over b code: median 1.250 faster 2/4",
+        "not identical: ['b p1 repeat 1']",
+    ]
+    results = report / "results.json"
+    assert run_by_run.main([str(results), "model-k4/plain"]) == 0
+    out = capsys.readouterr().out
+    assert "model-k4 over plain code: median" in out and "not identical: []" in out
+    assert run_by_run.main([str(results), "eagle/plain"]) == 2
+    assert run_by_run.main([str(report / "missing.json")]) == 2
+    assert "is not a specdec bench results.json" in capsys.readouterr().out
