@@ -429,7 +429,7 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
     assert "chunks of 32 tokens" in capsys.readouterr().err
     for kind in KINDS:
         unroll = ["--unroll", "2", "--learning-rate", "0.002"] if kind == "eagle" else []
-        assert main(["heads", "train", "--kind", kind, "--minutes", "0.03", *unroll, *common]) == 0
+        assert main(["heads", "train", "--kind", kind, "--minutes", "0.1", *unroll, *common]) == 0
         assert "saved" in (err := capsys.readouterr().err)
         assert ("unroll 2" in err) == (kind == "eagle"), err
         saved = next((tmp_path / "cache" / "heads").glob(f"*/{kind}/config.json"))
@@ -482,14 +482,16 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
     # --init random starts over from random weights, and a checkpoint keeps its start
-    train = ["heads", "train", "--kind", "eagle", "--minutes", "0.03", *common]
+    train = ["heads", "train", "--kind", "eagle", "--minutes", "0.1", *common]
     assert main([*train, "--init", "random", "--restart"]) == 0
     saved = next((tmp_path / "cache" / "heads").glob("*/eagle/config.json"))
     assert json.loads(saved.read_text())["training"]["init"] == "random"
     capsys.readouterr()
     assert main([*train, "--init", "target"]) == 2
     err = capsys.readouterr().err
-    assert "--init target (it started random)" in err and err.count("\n") == 1, err
+    # one line (after the float32 notice, on a CPU without native bfloat16)
+    last = err.splitlines()[-1]
+    assert "--init target (it started random)" in last and "Traceback" not in err, err
 
 
 def test_heads_dtype_defaults_to_the_runtime_generate_chooses(
@@ -565,7 +567,7 @@ def test_a_budget_too_small_to_train_is_one_line_and_loses_nothing(
     said = capsys.readouterr().err
     assert "--num-heads 3 (it has 4)" in said, said
     assert "--restart" in said and said.count("\n") == 1, said
-    assert main([*train, "--minutes", "0.03"]) == 0
+    assert main([*train, "--minutes", "0.1"]) == 0
     assert "continuing from a checkpoint" in capsys.readouterr().err
 
 
@@ -832,7 +834,7 @@ def test_chat_data_joins_the_corpus_data_in_one_directory(tmp_path, model_dir, c
         return next(line for line in text.splitlines() if "chunks of" in line)
 
     assert summary(capsys.readouterr().err) == summary(err)
-    assert main(["heads", "train", "--kind", "medusa", "--minutes", "0.03", *common[:4]]) == 0
+    assert main(["heads", "train", "--kind", "medusa", "--minutes", "0.1", *common[:4]]) == 0
     capsys.readouterr()
     assert main(["heads", "eval", "--kind", "medusa", "--max-k", "2", *common[:4]]) == 0
     result = json.loads(capsys.readouterr().out)
