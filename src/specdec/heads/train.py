@@ -443,10 +443,11 @@ def run_command(
             state = torch.load(checkpoint, weights_only=True)
         except (OSError, RuntimeError, EOFError, ValueError):
             sys.stderr.write(f"{checkpoint}: unreadable checkpoint, starting over\n")
-    vocab_size, distill_every = step_settings(args, continuing=state is not None)
-    if state is not None:
+    if state is not None:  # refused before anything is said: the refusal is one line
         config = HeadsConfig.from_dict(state["config"])
         check_continuing(args, config, checkpoint, state["record"].get("init"))
+    vocab_size, distill_every = step_settings(args, continuing=state is not None)
+    if state is not None:
         sys.stderr.write(
             f"continuing from a checkpoint: {state['record']['steps']} steps, "
             f"{state['record']['minutes']:.1f} min so far, {config.vocab_count} tokens scored "
