@@ -7,10 +7,14 @@ a shared, noisy machine than a ratio of the two systems' medians.
 
     python bench/run_by_run.py OUT/results.json      # each system over each one before it
     python bench/run_by_run.py OUT/results.json eagle-auto@int4/plain@int4 eagle-auto@int4/plain
+    python bench/run_by_run.py RUN1/results.json RUN2/results.json A/B   # pooled
 
-Prints one line per (pair, workload), `A over B chat: median 1.050 faster 5/8`, then the
-runs whose output differed from their reference (`not identical: [...]`, empty when greedy
-decoding reproduced plain everywhere).
+Prints one line per (pair, workload), `A over B chat: median 1.050 faster 5/8 (sign test p
+0.73)`, then the runs whose output differed from their reference (`not identical: [...]`,
+empty when greedy decoding reproduced plain everywhere). The sign test is two-sided and
+exact: how likely so lopsided a count of faster pairs is if neither system were the faster
+(each pair a fair coin). With several results files the pairs of all of them are pooled
+(a pair is still one prompt and one repeat of one run).
 """
 
 from __future__ import annotations
@@ -21,23 +25,31 @@ import statistics
 import sys
 from pathlib import Path
 
+from specdec.bench import pairs as pairing
+
 
 def paired_ratios(runs: list[dict], first: str, second: str, workload: str) -> list[float]:
     """tokens/s of `first` over `second` on each (prompt, repeat) of `workload` both ran."""
-    rates: dict[tuple[str, str, int], float] = {}
-    for run in runs:
-        if run["workload"] == workload and run["system"] in (first, second):
-            rates[(run["system"], run["prompt_id"], run["repeat"])] = run["tokens_per_second"]
-    keys = sorted({(prompt, repeat) for system, prompt, repeat in rates if system == first})
-    return [
-        rates[(first, prompt, repeat)] / rates[(second, prompt, repeat)]
-        for prompt, repeat in keys
-        if (second, prompt, repeat) in rates
+
+    def rates(system: str) -> dict:
+        return {
+            (run["prompt_id"], run["repeat"]): run["tokens_per_second"]
+            for run in runs
+            if run["workload"] == workload and run["system"] == system
+        }
+
+    return pairing.paired_ratios(rates(first), rates(second))
+
+
+def lines(results: dict | list[dict], pairs: list[tuple[str, str]]) -> list[str]:
+    """The report's lines for one bench run's results, or several runs' pooled."""
+    every = results if isinstance(results, list) else [results]
+    # one run's prompt and repeat are not another's: the run's index joins the prompt
+    runs = [
+        {**run, "prompt_id": (index, run["prompt_id"])}
+        for index, one in enumerate(every)
+        for run in one["runs"]
     ]
-
-
-def lines(results: dict, pairs: list[tuple[str, str]]) -> list[str]:
-    runs = results["runs"]
     workloads = list(dict.fromkeys(run["workload"] for run in runs))
     out = []
     for first, second in pairs:
@@ -45,12 +57,14 @@ def lines(results: dict, pairs: list[tuple[str, str]]) -> list[str]:
             ratios = paired_ratios(runs, first, second, workload)
             if ratios:
                 faster = sum(ratio > 1.0 for ratio in ratios)
+                chance = pairing.sign_test(faster, sum(ratio < 1.0 for ratio in ratios))
                 out.append(
                     f"{first} over {second} {workload}: median {statistics.median(ratios):.3f} "
-                    f"faster {faster}/{len(ratios)}"
+                    f"faster {faster}/{len(ratios)} (sign test p {chance:.2g})"
                 )
     differing = [
-        f"{run['system']} {run['prompt_id']} repeat {run['repeat']}"
+        ("" if len(every) == 1 else f"run {run['prompt_id'][0] + 1} ")
+        + f"{run['system']} {run['prompt_id'][1]} repeat {run['repeat']}"
         for run in runs
         if run.get("identical_to_reference") is False
     ]
@@ -60,22 +74,31 @@ def lines(results: dict, pairs: list[tuple[str, str]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", type=Path, help="results.json written by specdec bench --out")
     parser.add_argument(
-        "pairs",
-        nargs="*",
-        help="A/B: A's tokens/s over B's (default: every system over each one listed before it)",
+        "items",
+        nargs="+",
+        metavar="RESULTS.json [A/B]",
+        help="results.json files written by specdec bench --out (several: their pairs pooled), "
+        "then pairs A/B: A's tokens/s over B's (default: every system over each one listed "
+        "before it)",
     )
     args = parser.parse_args(argv)
-    try:
-        results = json.loads(args.results.read_text())
-        systems = list(dict.fromkeys(run["system"] for run in results["runs"]))
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        print(f"run_by_run: {args.results} is not a specdec bench results.json ({error})")
+    paths = [Path(item) for item in args.items if item.endswith(".json")]
+    wanted = [item for item in args.items if not item.endswith(".json")]
+    if not paths:
+        print("run_by_run: name at least one results.json written by specdec bench --out")
         return 2
-    if args.pairs:
+    every = []
+    for path in paths:
+        try:
+            every.append(json.loads(path.read_text()))
+            systems = list(dict.fromkeys(run["system"] for one in every for run in one["runs"]))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(f"run_by_run: {path} is not a specdec bench results.json ({error})")
+            return 2
+    if wanted:
         pairs = []
-        for pair in args.pairs:
+        for pair in wanted:
             # names may hold a '/' themselves (model-auto@int4/q4_0): try each split
             splits = [
                 (pair[:i], pair[i + 1 :])
@@ -88,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             pairs.append(splits[0])
     else:
         pairs = [(later, earlier) for i, later in enumerate(systems) for earlier in systems[:i]]
-    print("\n".join(lines(results, pairs)))
+    print("\n".join(lines(every, pairs)))
     return 0
 
 

@@ -2,10 +2,12 @@
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from specdec.bench import pairs
 from specdec.bench.harness import WORKLOADS, load_workloads
 from specdec.cli import main
 
@@ -342,13 +344,25 @@ def test_run_by_run_pairs_each_prompt_and_repeat(report, capsys):
     runs[-1]["identical_to_reference"] = False
     assert run_by_run.paired_ratios(runs, "a", "b", "code") == [2.0, 2.0, 0.5, 0.5]
     assert run_by_run.lines({"runs": runs}, [("a", "b")]) == [
-        "a over b code: median 1.250 faster 2/4",
+        "a over b code: median 1.250 faster 2/4 (sign test p 1)",
         "not identical: ['b p1 repeat 1']",
     ]
+    # several runs pooled: each run's pairs its own, a differing output named with its run
+    assert run_by_run.lines([{"runs": runs}, {"runs": runs}], [("a", "b")]) == [
+        "a over b code: median 1.250 faster 4/8 (sign test p 1)",
+        "not identical: ['run 1 b p1 repeat 1', 'run 2 b p1 repeat 1']",
+    ]
+    assert pairs.sign_test(8, 0) == 2 / 256 and pairs.sign_test(0, 8) == 2 / 256
+    assert pairs.sign_test(7, 1) == 2 * 9 / 256 and pairs.sign_test(0, 0) == 1.0
     results = report / "results.json"
     assert run_by_run.main([str(results), "model-k4/plain"]) == 0
     out = capsys.readouterr().out
     assert "model-k4 over plain code: median" in out and "not identical: []" in out
+    single = re.search(r"median (\S+) faster (\d+)/(\d+)", out).groups()
+    assert run_by_run.main([str(results), str(results), "model-k4/plain"]) == 0
+    pooled = re.search(r"median (\S+) faster (\d+)/(\d+)", capsys.readouterr().out).groups()
+    assert pooled == (single[0], str(2 * int(single[1])), str(2 * int(single[2])))
     assert run_by_run.main([str(results), "eagle/plain"]) == 2
+    assert run_by_run.main(["model-k4/plain"]) == 2
     assert run_by_run.main([str(report / "missing.json")]) == 2
     assert "is not a specdec bench results.json" in capsys.readouterr().out

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
 
+from specdec.bench import pairs
 from specdec.bench.systems import RunOutput
 from specdec.config import SamplingParams
 from specdec.metrics import SpecStats
@@ -190,11 +191,8 @@ def summarize(runs: list[Run], baseline: str = "plain") -> list[dict]:
     for workload, system in keys:
         mine = [r for r in runs if r.workload == workload and r.system == system]
         tps = [r.tokens_per_second for r in mine]
-        ratios = [
-            r.tokens_per_second / base[(r.prompt_id, r.repeat)]
-            for r in mine
-            if base.get((r.prompt_id, r.repeat))
-        ]
+        rates = {(r.prompt_id, r.repeat): r.tokens_per_second for r in mine}
+        ratios = pairs.paired_ratios(rates, base)
         total = SpecStats.merged([SpecStats.from_dict(r.stats) for r in mine if r.stats])
         drafted = total.drafted_tokens  # a system that never drafted shows no rates
         identical = [r.identical_to_reference for r in mine if r.identical_to_reference is not None]
