@@ -23,6 +23,9 @@ PROMPTS = {
     "prose": "The three most important ideas in computer science are",
 }
 CODE = ("quicksort", "class", "parse")
+# The float32 pair is the slowest part of the suite (a 1.5B step reads 6 GB): it decodes one
+# code prompt and the prose one; the int runtimes, which users run, decode all four.
+FLOAT32 = ("quicksort", "prose")
 
 
 def _installed() -> bool:
@@ -42,11 +45,12 @@ def load_pair(dtype: str):
     return load_backend(DEFAULT_TARGET, dtype), load_backend(DEFAULT_DRAFT, dtype)
 
 
-def plain_and_speculative(target, draft) -> dict:
+def plain_and_speculative(target, draft, names=tuple(PROMPTS)) -> dict:
     """Greedy, 48 new tokens: (plain, speculative k=4) outputs per prompt."""
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     results = {}
-    for name, prompt in PROMPTS.items():
+    for name in names:
+        prompt = PROMPTS[name]
         prompt_ids = target.tokenizer.encode(prompt)
         plain = Engine(target).generate(prompt_ids, params)
         speculative = Engine(target, ModelDrafter(draft)).generate(
@@ -58,21 +62,15 @@ def plain_and_speculative(target, draft) -> dict:
 
 @pytest.fixture(scope="module")
 def runs():
-    return plain_and_speculative(*load_pair("float32"))
+    return plain_and_speculative(*load_pair("float32"), FLOAT32)
 
 
-@pytest.mark.parametrize("name", list(PROMPTS))
+@pytest.mark.parametrize("name", FLOAT32)
 def test_float32_greedy_equals_plain(runs, name):
     plain, speculative = runs[name]
     assert len(speculative.token_ids) == 48
     assert speculative.token_ids == plain.token_ids
     assert speculative.stats.rounds < plain.stats.rounds
-
-
-def test_acceptance_on_code_is_above_0_6(runs):
-    accepted = sum(runs[name][1].stats.accepted_tokens for name in CODE)
-    drafted = sum(runs[name][1].stats.drafted_tokens for name in CODE)
-    assert accepted / drafted > 0.6
 
 
 def test_output_is_code(runs):
@@ -106,6 +104,13 @@ def test_quantized_greedy_equals_plain_on_the_same_runtime(quantized_runs, name)
     plain, speculative = quantized_runs[0][name]
     assert speculative.token_ids == plain.token_ids
     assert speculative.stats.rounds < plain.stats.rounds
+
+
+def test_acceptance_on_code_is_above_0_6(quantized_runs):
+    runs = quantized_runs[0]
+    accepted = sum(runs[name][1].stats.accepted_tokens for name in CODE)
+    drafted = sum(runs[name][1].stats.drafted_tokens for name in CODE)
+    assert accepted / drafted > 0.6
 
 
 def test_quantized_seeded_sampling_equals_plain_on_the_same_runtime(quantized_runs):
