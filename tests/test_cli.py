@@ -468,3 +468,25 @@ def test_the_draft_keeps_the_targets_runtime_when_nearly_as_fast(
     assert cli.draft_runtime("auto", draft, str(tmp_path), target_runtime="int8") == (
         "llamacpp:q4_0"
     )
+
+
+def test_progress_lines_time_each_step_and_show_a_step_run_again(monkeypatch, capsys):
+    """In a log file (stderr not a terminal) progress is a line at every tenth of a step,
+    with the seconds since that step began; a step reported again from its start (the
+    training of a later 'heads make' phase) is shown again, timed from its new start."""
+    import time
+
+    from specdec import cli_output
+
+    clock = iter([100.0, 103.0, 110.0, 500.0, 507.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    update = cli_output._progress_lines()
+    for done, total in [(0, 10), (5, 10), (10, 10), (0, 4), (4, 4)]:
+        update("training (seconds)", done, total)
+    assert capsys.readouterr().err.splitlines() == [
+        "training (seconds): 0/10 (0 s)",
+        "training (seconds): 5/10 (3 s)",
+        "training (seconds): 10/10 (10 s)",
+        "training (seconds): 0/4 (0 s)",
+        "training (seconds): 4/4 (7 s)",
+    ]

@@ -40,7 +40,8 @@ def output_dict(out: Output) -> dict:
 @contextlib.contextmanager
 def progress_bar() -> Iterator:
     """A ``models.Progress`` callback drawing rich bars on stderr, one per step; when stderr
-    is not a terminal (a log file), a plain line at every tenth of each step instead."""
+    is not a terminal (a log file), a plain line at every tenth of each step instead. Either
+    shows the time since the step began."""
     console = Console(stderr=True)
     if not console.is_terminal:
         yield _progress_lines()
@@ -53,27 +54,38 @@ def progress_bar() -> Iterator:
         console=console,
         transient=False,
     ) as bars:
-        tasks: dict[str, TaskID] = {}
+        tasks: dict[str, tuple[TaskID, int, int]] = {}  # step: (bar, done, total) last shown
 
         def update(step: str, done: int, total: int) -> None:
-            if step not in tasks:
-                tasks[step] = bars.add_task(step, total=total)
-            bars.update(tasks[step], completed=done, total=total)
+            if step not in tasks or _again(tasks[step][1:], done, total):
+                tasks[step] = (bars.add_task(step, total=total), done, total)
+            bars.update(tasks[step][0], completed=done, total=total)
+            tasks[step] = (tasks[step][0], done, total)
 
         yield update
+
+
+def _again(last: tuple[int, int], done: int, total: int) -> bool:
+    """A step reported again from its start (the same training in a later phase of
+    ``heads make``): its count went back or its total changed. It gets a new bar or lines,
+    timed from then."""
+    return done < last[0] or total != last[1]
 
 
 def _progress_lines():
     import time
 
-    started = time.perf_counter()
-    shown: dict[str, int] = {}
+    steps: dict[str, tuple[float, int, int, int]] = {}  # step: (started, done, total, tenth)
 
     def update(step: str, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if step not in steps or _again(steps[step][1:3], done, total):
+            steps[step] = (now, done, total, -1)
+        started, _, _, shown = steps[step]
         tenth = 10 * done // total if total else 10
-        if shown.get(step, -1) < tenth:
-            shown[step] = tenth
-            sys.stderr.write(f"{step}: {done}/{total} ({time.perf_counter() - started:.0f} s)\n")
+        steps[step] = (started, done, total, max(shown, tenth))
+        if shown < tenth:
+            sys.stderr.write(f"{step}: {done}/{total} ({now - started:.0f} s)\n")
             sys.stderr.flush()
 
     return update
