@@ -50,10 +50,16 @@ def assert_same_distribution(counts: np.ndarray, expected_probs: np.ndarray) -> 
 
 
 def tiny_heads(
-    model, kind: str, steps: int = 240, vocab_count: int = 24, seed: int = 0, precision="auto"
+    model,
+    kind: str,
+    steps: int = 240,
+    vocab_count: int = 24,
+    seed: int = 0,
+    precision="auto",
+    minutes: float = 10.0,
 ):
     """Heads of ``kind`` trained for ``steps`` steps (seconds) on the tiny ``model``'s own
-    samples. Returns (heads, training record)."""
+    samples, or ``minutes`` if they end first. Returns (heads, training record)."""
     import torch
 
     from specdec import Engine, SamplingParams
@@ -93,7 +99,7 @@ def tiny_heads(
         net,
         output_rows(target, config.token_ids),
         shard,
-        10.0,
+        minutes,
         model.get_input_embeddings(),
         batch_chunks=4,
         learning_rate=3e-3,

@@ -215,6 +215,24 @@ def test_training_lowers_the_loss(trained, kind):
     assert len(losses) >= 3 and losses[-1] < 0.8 * losses[0]
 
 
+def test_training_does_not_begin_a_step_that_would_end_past_its_minutes(target_model, monkeypatch):
+    """Steps of 0.8 s within 2 s: two, ending at 1.6 s; a third, begun at 1.6 s, would end
+    past the budget (on the 1.5B a step is 2 s, so heads make's last phase ran over)."""
+    import time
+
+    from specdec.heads import train
+
+    real = train.medusa_loss
+
+    def slow(*args):
+        time.sleep(0.8)
+        return real(*args)
+
+    monkeypatch.setattr(train, "medusa_loss", slow)
+    _, record = tiny_heads(target_model, "medusa", steps=100, minutes=2.0 / 60.0)
+    assert record["steps"] == 2 and record["minutes"] < 2.0 / 60.0
+
+
 def test_training_precision_is_as_asked_and_recorded(target_model):
     """--precision float32 is what CPUs without native bfloat16 train in; asked for on this
     one, the products change (the losses differ from bfloat16's) and the record says so."""

@@ -115,3 +115,26 @@ def test_builtin_chat_data_is_its_own_source(tmp_path, model_dir, capsys, monkey
     assert main(chat) == 0
     err = capsys.readouterr().err
     assert re.search(r"3 chat-builtin;", err), err
+
+
+def test_collecting_does_not_begin_a_pass_that_would_end_past_its_minutes(tokenizer, tmp_path):
+    """Passes of 0.8 s within 2 s: two chunks, the second ending at 1.6 s; a third pass,
+    begun at 1.6 s, would end past the budget (a 512-token chunk takes the 1.5B 2-6 s)."""
+    import time
+
+    from specdec.heads import data
+
+    target = backend(tiny_llama(seed=0), tokenizer)
+    real = target.forward
+
+    def slow(*args, **kwargs):
+        time.sleep(0.8)
+        return real(*args, **kwargs)
+
+    target.forward = slow
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def f(x):\n    return x + 1\n" * 40)
+    manifest = data.collect(
+        target, [corpus], tmp_path / "data", "tiny", length=16, minutes=2.0 / 60.0
+    )
+    assert sum(shard["chunks"] for shard in manifest["shards"]) == 2

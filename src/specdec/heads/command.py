@@ -104,7 +104,8 @@ def add_parser(commands, parser_class) -> None:
         "--minutes",
         type=float,
         default=25.0,
-        help="time budget (default: 25 minutes; a rerun adds to a checkpoint's)",
+        help="time budget, reading the data included (default: 25 minutes; a step that "
+        "would end past it is not begun; a rerun adds to a checkpoint's)",
     )
     train.add_argument(
         "--vocab-size",

@@ -303,15 +303,20 @@ def collect(
         else stream_chunks(documents, length)
     )
     what = "running the target over the corpus" if documents is None else "writing replies"
+    pass_seconds = 0.0  # the target's last pass: one that would end past the budget is not run
     for index, (chunk, features) in enumerate(source_chunks):
         if index < done_chunks:
             continue
-        if (total is not None and index >= total) or time.monotonic() > deadline:
+        if total is not None and index >= total:
+            break
+        if time.monotonic() + (pass_seconds if features is None else 0.0) > deadline:
             break
         if features is None:
+            began_pass = time.monotonic()
             target.truncate(0)
             target.forward(chunk, last_only=True)
             features = target.hidden_states().to(torch.float16).clone()
+            pass_seconds = time.monotonic() - began_pass
         pending_tokens.append(chunk)
         pending_features.append(features)
         if len(pending_tokens) == CHUNKS_PER_SHARD:

@@ -265,9 +265,13 @@ def train(
     chunks = train_set.tokens.shape[0]
     net.train()
     recent: list[float] = []
+    step_seconds = 0.0  # the last step's: a step that would end past the budget is not begun
     while True:
-        elapsed = time.monotonic() - began
-        if elapsed >= budget or (max_steps is not None and record["steps"] >= max_steps):
+        step_began = time.monotonic()
+        elapsed = step_began - began
+        if elapsed + step_seconds >= budget:
+            break
+        if max_steps is not None and record["steps"] >= max_steps:
             break
         fraction = (spent_before + elapsed) / max(1.0, spent_before + budget)
         if max_steps is not None:
@@ -304,6 +308,7 @@ def train(
         if checkpoint is not None and time.monotonic() - last_save > CHECKPOINT_EVERY:
             _save_checkpoint(checkpoint, net, optimizer, record, config)
             last_save = time.monotonic()
+        step_seconds = time.monotonic() - step_began
     if progress is not None:
         progress(f"training {config.kind} heads (seconds)", int(budget), int(budget))
     if checkpoint is not None:
@@ -431,7 +436,10 @@ def fresh_config(
 def run_command(
     args: argparse.Namespace, target, fingerprint: str, data_dir: Path, entry: Path, progress
 ) -> int:
-    """``specdec heads train`` (``check_args`` has passed)."""
+    """``specdec heads train`` (``check_args`` has passed). ``--minutes`` holds reading the
+    data and building the heads too (the target is loaded before), so that the phases of
+    ``heads make`` end within its budget."""
+    started = time.monotonic()
     train_set, _, manifest = data.load(data_dir, fingerprint)
     num_heads = args.num_heads or HeadsConfig.num_heads
     if train_set.tokens.shape[1] < num_heads + 2:
@@ -479,7 +487,7 @@ def run_command(
         net,
         output,
         train_set,
-        args.minutes,
+        max(0.0, args.minutes - (time.monotonic() - started) / 60.0),
         embed,
         checkpoint,
         state,
