@@ -88,14 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         print("run_by_run: name at least one results.json written by specdec bench --out")
         return 2
-    every = []
+    every, named = [], []
     for path in paths:
         try:
-            every.append(json.loads(path.read_text()))
-            systems = list(dict.fromkeys(run["system"] for one in every for run in one["runs"]))
+            one = json.loads(path.read_text())
+            named += [run["system"] for run in one["runs"]]
         except (OSError, ValueError, KeyError, TypeError) as error:
             print(f"run_by_run: {path} is not a specdec bench results.json ({error})")
             return 2
+        every.append(one)
+    systems = list(dict.fromkeys(named))
     if wanted:
         pairs = []
         for pair in wanted:

@@ -58,9 +58,11 @@ def progress_bar() -> Iterator:
 
         def update(step: str, done: int, total: int) -> None:
             if step not in tasks or _again(tasks[step][1:], done, total):
-                tasks[step] = (bars.add_task(step, total=total), done, total)
-            bars.update(tasks[step][0], completed=done, total=total)
-            tasks[step] = (tasks[step][0], done, total)
+                bar = bars.add_task(step, total=total)
+            else:
+                bar = tasks[step][0]
+            bars.update(bar, completed=done, total=total)
+            tasks[step] = (bar, done, total)
 
         yield update
 
