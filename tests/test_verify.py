@@ -115,11 +115,37 @@ class TestStochastic:
         seed = next(
             s
             for s in range(200_000)
-            if torch.rand(1, generator=torch.Generator().manual_seed(s)) >= 0.9999
+            if torch.rand(1, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+            >= 0.9999
         )
         result = verify_stochastic(ids(A), draft, target, torch.Generator().manual_seed(seed))
         assert result.num_accepted == 0 and result.residual_fallback
         assert result.token_ids[0] in (A, B)  # sampled from the target row, never NaN-driven
+
+    def test_a_point_mass_residual_never_falls_back(self):
+        # Issue 45.3: with 1 - target[x] <= 1e-6 the residual fell back to the target, so the
+        # rejected draft could be emitted again.
+        target = probs([1 - 3e-7, 3e-7, 0.0], [0.0, 0.0, 1.0])
+        residual, fallback = residual_distribution(target[0], None, A)
+        assert not fallback and residual.tolist() == [0.0, 1.0, 0.0]
+        # Seed 287721's first uniform is the first from 0 up this large (found by search): it
+        # rejects A (u * 1 >= 1 - 3e-7), and the recovered token is B.
+        seed = 287721
+        assert torch.rand(
+            1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+        ) >= (1 - 3e-7)
+        result = verify_stochastic(ids(A), None, target, torch.Generator().manual_seed(seed))
+        assert result.num_accepted == 0 and result.token_ids == [B]
+        assert not result.residual_fallback
+
+    def test_a_point_mass_with_all_of_the_rows_mass_always_accepts(self):
+        # Rounding can leave target[x] under 1 with every other token at 0: the target's
+        # distribution is then all on x, and x must never be rejected (the old code rejected
+        # it with probability 1 - target[x], then "recovered" x itself from a fallback).
+        target = probs([0.99, 0.0, 0.0], [0.0, 0.0, 1.0])
+        for seed in range(2000):
+            result = verify_stochastic(ids(A), None, target, torch.Generator().manual_seed(seed))
+            assert result.token_ids == [A, C]
 
     def test_shapes_are_checked(self):
         with pytest.raises(AssertionError):
@@ -156,3 +182,45 @@ def test_position_noise_is_a_function_of_seed_and_position():
     assert not torch.equal(a, position_noise(8, 3, 50))
     assert (a > 0).all() and torch.isfinite(a).all()
     assert torch.equal(position_noise(-1, 0, 10), position_noise(2**64 - 1, 0, 10))
+
+
+def test_position_noise_uses_every_bit_of_seed_and_position():
+    from specdec.sampling import position_noise
+
+    # Issue 45.2: the (seed, position) key went through torch's 32-bit seeding, so these two
+    # positions of one sequence had the very same noise at Qwen's vocabulary.
+    assert not torch.equal(position_noise(4, 12859, 151936), position_noise(4, 28091, 151936))
+    assert not torch.equal(position_noise(9, 0, 64), position_noise(9 + 2**32, 0, 64))
+    assert not torch.equal(position_noise(9, 0, 64), position_noise(9, 2**32, 64))
+    # Counter-based: the first values of a position's row do not depend on the row's length.
+    assert torch.equal(position_noise(3, 5, 151936)[:64], position_noise(3, 5, 64))
+
+
+def test_no_two_positions_share_noise():
+    from specdec.sampling import position_noise
+
+    # A birthday search found a shared pair in 4 of 60 seeds within 32,768 positions on the
+    # old code (seed 4: positions 12859 and 28091); rows are told apart by their first values.
+    for seed in (4, 5):
+        firsts = {tuple(position_noise(seed, p, 2).tolist()) for p in range(32_768)}
+        assert len(firsts) == 32_768
+
+
+def test_a_zero_uniform_never_makes_a_zero_probability_token_win():
+    from specdec.sampling import race
+    from specdec.verify import verify_coupled
+
+    # Issue 45.4: noise 0 (a uniform of 0) made 0 / 0 = NaN the argmax.
+    probs3 = torch.tensor([0.9, 0.1, 0.0])
+    zero_noise = torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)
+    assert int(race(probs3, zero_noise)) == 0
+    result = verify_coupled(torch.tensor([], dtype=torch.long), probs3[None], zero_noise[None])
+    assert result.token_ids == [0]
+
+
+def test_position_noise_is_never_zero_or_infinite():
+    from specdec.sampling import position_noise
+
+    noise = torch.cat([position_noise(seed, 0, 151936) for seed in range(20)])
+    assert (noise > 0).all() and torch.isfinite(noise).all()
+    assert float(noise.min()) >= 2.0**-53  # the smallest uniform, (0 + 0.5) * 2**-52

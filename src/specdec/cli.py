@@ -453,7 +453,8 @@ def _add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "--temperature",
         type=float,
         default=0.0,
-        help="sampling temperature; 0 = greedy (default: 0)",
+        help="sampling temperature; 0 = greedy, and so is anything below 1.2e-38, where "
+        "float32 cannot divide the logits (default: 0)",
     )
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")

@@ -15,12 +15,17 @@ from dataclasses import dataclass, field
 DEFAULT_MAX_ROWS = 32
 
 VERIFICATIONS = ("auto", "rejection", "coupled")
+# Temperatures below float32's smallest normal number are greedy (0): logits / temperature
+# cannot be computed in float32 there (the divisor rounds to a subnormal or to 0, and
+# 0 / 0 is NaN), and the distribution they approach is the argmax anyway.
+GREEDY_BELOW = 2.0**-126
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed accepts
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How tokens are chosen. ``temperature == 0`` means greedy (argmax).
+    """How tokens are chosen. ``temperature == 0`` means greedy (argmax); so does any
+    temperature below ``GREEDY_BELOW`` (about 1.2e-38), which is stored as 0.
 
     ``top_k == 0`` and ``top_p == 1.0`` disable those filters. ``stop`` strings end the
     output before the first occurrence of any of them. ``seed`` seeds the request's own
@@ -50,6 +55,8 @@ class SamplingParams:
                 "temperature must be a finite number >= 0 (0 means greedy), "
                 f"got {self.temperature!r}"
             )
+        if self.temperature < GREEDY_BELOW:
+            object.__setattr__(self, "temperature", 0.0)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:

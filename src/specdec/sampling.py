@@ -7,6 +7,7 @@ and ``target_probs`` to be the distribution plain decoding would sample from.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specdec.config import SamplingParams
@@ -51,24 +52,46 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
 
 
 def make_generator(seed: int | None) -> torch.Generator:
-    """The request's own random stream; library code never touches the global RNG."""
+    """The request's own random stream; library code never touches the global RNG.
+
+    Every bit of a 64-bit seed counts: torch's ``manual_seed`` keeps only the low 32 bits of
+    the Mersenne Twister's seed (``s`` and ``s + 2**32`` would give one stream), so the
+    generator's 624-word state is filled from numpy's ``MT19937`` seeded with the whole
+    seed (its SeedSequence hashes every bit). ``initial_seed()`` still reports the seed.
+    """
     generator = torch.Generator()
     if seed is None:
         generator.seed()
     else:
-        generator.manual_seed(seed & _MASK64)
+        _seed_all_bits(generator, seed & _MASK64)
     return generator
 
 
 _MASK64 = (1 << 64) - 1
+# torch 2.13's CPU generator state (CPUGeneratorImplState): a uint64 initial seed, int
+# left, int seeded, uint64 next, 624 uint64 words of the twister's state, then the cached
+# normal samples. The layout is checked against a state torch wrote itself.
+_STATE_BYTES = 5056
+_WORDS_AT = 24
+_TWISTER_WORDS = 624
 
 
-def _mix(seed: int, position: int) -> int:
-    """splitmix64 of (seed, position): independent-looking 64-bit keys for nearby inputs."""
-    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
+def _seed_all_bits(generator: torch.Generator, seed: int) -> None:
+    generator.manual_seed(seed)  # left = 1: the first draw twists the state set below
+    state = generator.get_state().numpy().copy()
+    assert state.size == _STATE_BYTES, "torch's CPU generator state changed its layout"
+    assert int(state[:8].view(np.uint64)[0]) == seed, "torch's generator state changed"
+    words = np.random.MT19937(seed).state["state"]["key"].astype(np.uint64)
+    end = _WORDS_AT + 8 * _TWISTER_WORDS
+    state[_WORDS_AT:end] = words.view(np.uint8)
+    generator.set_state(torch.from_numpy(state))
+
+
+# Uniforms in (0, 1), never 0 or 1: 52 random bits plus a half, times 2**-52, is exact in
+# float64 and lies in [2**-53, 1 - 2**-53], so the race's noise -log1p(-u) is positive and
+# finite (a zero noise would let a zero-probability token win: 0 / 0).
+_HALF_ULP = 0.5
+_UNIFORM_SCALE = 2.0**-52
 
 
 def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
@@ -77,19 +100,31 @@ def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
     ``argmax(probs / noise)`` is a sample from ``probs`` (the exponential race, i.e. the
     Gumbel-max trick): with the noise fixed per position, the token at a position depends on
     nothing but that position's distribution, so drafting decisions cannot change it.
-    noise  # [vocab] float64
+
+    Counter-based (Philox4x64-10, Salmon et al. 2011, as numpy implements it): the key is the
+    whole 64-bit seed and the counter's second word the position, so distinct (seed,
+    position) pairs draw from disjoint counters and no two positions can share noise.
+    noise  # [vocab] float64, every entry in (0, 37)
     """
-    generator = torch.Generator().manual_seed(_mix(seed & _MASK64, position))
-    uniform = torch.rand(vocab, generator=generator, dtype=torch.float64)
-    return -torch.log1p(-uniform)  # in (0, inf): 1 - uniform is in (0, 1]
+    assert position >= 0, "positions count from 0"
+    bits = np.random.Philox(key=seed & _MASK64, counter=[0, position, 0, 0]).random_raw(vocab)
+    uniform = ((bits >> np.uint64(12)).astype(np.float64) + _HALF_ULP) * _UNIFORM_SCALE
+    return torch.from_numpy(-np.log1p(-uniform))
 
 
 def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """The exponential race's winners.  probs  # [..., vocab], noise  # [..., vocab] -> [...]
+    """The exponential race's winners.  probs  # [..., vocab], noise  # [..., vocab] -> [...]"""
+    return race_scores(probs, noise).argmax(dim=-1)
 
-    A token with zero probability never wins (0 / noise = 0 < a positive ratio).
+
+def race_scores(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """``probs / noise``, the race's scores; their argmax is a sample from ``probs``.
+
+    A token with zero probability never wins, whatever the noise: its score is -inf (a
+    positive probability over positive, finite noise scores above 0). [..., vocab] float64
     """
-    return (probs.double() / noise).argmax(dim=-1)
+    scores = probs.double() / noise
+    return scores.masked_fill(probs <= 0, float("-inf"))
 
 
 class Sampler:

@@ -38,10 +38,11 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import sample
+from specdec.sampling import race_scores, sample
 
-# A residual with less mass than this is float noise (the two distributions are equal
-# up to rounding): sampling from it would amplify the noise, so fall back to the target.
+# A distribution draft's residual with less mass than this is float noise (the two
+# distributions are equal up to rounding): sampling from it would amplify the noise, so
+# fall back to the target. A point-mass draft's residual is exact and never falls back.
 RESIDUAL_EPSILON = 1e-6
 
 
@@ -79,13 +80,18 @@ def verify_stochastic(
     k = draft_token_ids.shape[0]
     assert target_probs.shape[0] == k + 1, "target must score k + 1 positions"
     positions = torch.arange(k)
-    target_p = target_probs[positions, draft_token_ids]
+    # In float64, with 53-bit uniforms: a float32 uniform's 24 bits would never reject a
+    # draft the target gives 1 - 1e-9, where it must once in 1e9 rounds.
+    target_p = target_probs[positions, draft_token_ids].double()
     if draft_probs is None:
-        draft_p = torch.ones(k)
+        # q = 1: accept with probability target_probs[x] / (the row's mass), so a row whose
+        # other tokens all rounded to 0 (x has all of the mass) always accepts; then the
+        # rejection's residual, the row without x, always has mass.
+        draft_p = target_probs[:k].double().sum(dim=-1)
     else:
         assert draft_probs.shape == (k, target_probs.shape[1]), "draft/target vocab differ"
-        draft_p = draft_probs[positions, draft_token_ids]
-    uniforms = torch.rand(k, generator=generator)
+        draft_p = draft_probs[positions, draft_token_ids].double()
+    uniforms = torch.rand(k, generator=generator, dtype=torch.float64)
     # u < p/q written without the division: q = 0 cannot happen for a sampled draft, and
     # p = 0 must always reject (u * q < 0 is false even for u = 0).
     accepted = uniforms * draft_p < target_p
@@ -112,7 +118,7 @@ def verify_coupled(
     assert noise.shape == target_probs.shape, "one noise row per scored position"
     # The greedy rule on the race's scores: their argmax (``sampling.race``) is the target's
     # keyed sample at each position, what plain decoding would emit.
-    return verify_greedy(draft_token_ids, target_probs.double() / noise)
+    return verify_greedy(draft_token_ids, race_scores(target_probs, noise))
 
 
 def residual_distribution(
@@ -122,13 +128,18 @@ def residual_distribution(
 ) -> tuple[torch.Tensor, bool]:
     """norm(max(0, target_probs - draft_probs)), and whether it fell back to the target.
 
-    For a point-mass draft the residual is the target with the rejected token removed.
+    For a point-mass draft the residual is exactly the target with the rejected token
+    removed, whatever its mass: ``verify_stochastic`` rejects such a draft only when the
+    rest of the row has mass. Only a distribution draft whose residual is float noise
+    (mass <= ``RESIDUAL_EPSILON``) falls back to the target.
     """
     if draft_probs is None:
         residual = target_probs.clone()
         residual[rejected_id] = 0.0
-    else:
-        residual = torch.clamp(target_probs - draft_probs, min=0.0)
+        mass = float(residual.sum())
+        assert mass > 0, "a point-mass draft is rejected only where other tokens have mass"
+        return residual / mass, False
+    residual = torch.clamp(target_probs - draft_probs, min=0.0)
     mass = float(residual.sum())
     if mass <= RESIDUAL_EPSILON:
         return target_probs, True

@@ -28,7 +28,12 @@ class _Common(_Strict):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    temperature: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=2.0,
+        description="0 is greedy; so is anything below 1.2e-38, where float32 cannot divide",
+    )
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0, description="extension: keep the k most likely tokens")
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
