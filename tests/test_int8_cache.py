@@ -82,3 +82,23 @@ def test_a_changed_source_model_is_quantized_again(model_dir, tmp_path):
     new = load_hf(model_dir, "int8", int8_cache=cache).forward(IDS)
     assert not torch.equal(old, new)
     assert torch.equal(new, load_hf(model_dir, "int8").forward(IDS))
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_byte_flipped_in_place_is_detected_and_rebuilt(model_dir, tmp_path, kind, capsys):
+    """Issue 45.5: the marker recorded sizes only, so a form damaged in place (one tensor's
+    bytes XOR-ed, the size unchanged) loaded silently and decoded other text."""
+    cache = tmp_path / "cache" / "int8"
+    expected = load_hf(model_dir, kind, int8_cache=cache).forward(IDS)
+    directory = entry(cache.with_name(kind))
+    weights = directory / int8_cache.WEIGHTS
+    data = bytearray(weights.read_bytes())
+    for at in range(len(data) - 4096, len(data) - 4000):  # inside the last tensor's bytes
+        data[at] ^= 0x5A
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert torch.equal(load_hf(model_dir, kind, int8_cache=cache).forward(IDS), expected)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"making the {kind} runtime form again" in err
+    fingerprint = int8_cache.source_fingerprint(model_dir, kind)
+    assert int8_cache.damaged(directory, fingerprint) == []

@@ -68,12 +68,33 @@ def test_missing_part_names_the_install_command(fake_parts, tmp_path):
         ensure_gguf(broken, tmp_path / "cache")
 
 
-def test_corrupted_cached_gguf_is_rebuilt_when_verified(fake_parts, tmp_path):
+def flip_a_byte(path, at=100):
+    """Damage in place: the size stays, one byte changes."""
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_cached_gguf_with_a_flipped_byte_is_assembled_again(fake_parts, tmp_path, capsys):
+    # Issue 45.5: a cached GGUF was trusted by its size unless a caller asked to verify.
     path = ensure_gguf(entry(), tmp_path / "cache")
-    damaged = bytearray(path.read_bytes())
-    damaged[100] ^= 0xFF
-    path.write_bytes(bytes(damaged))
-    assert ensure_gguf(entry(), tmp_path / "cache", verify=True).read_bytes() == b"".join(PIECES)
+    flip_a_byte(path)
+    capsys.readouterr()
+    assert ensure_gguf(entry(), tmp_path / "cache").read_bytes() == b"".join(PIECES)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is damaged (its checksum does not match)" in err
+
+
+def test_a_gguf_without_a_stamp_is_checked_by_sha256_once(fake_parts, tmp_path):
+    path = ensure_gguf(entry(), tmp_path / "cache")
+    stamp = path.with_name(path.name + ".check.json")
+    stamp.unlink()  # as an older specdec left it
+    flip_a_byte(path)
+    assert ensure_gguf(entry(), tmp_path / "cache").read_bytes() == b"".join(PIECES)
+    assert stamp.is_file()
+    stamp.unlink()
+    assert ensure_gguf(entry(), tmp_path / "cache") == path  # intact: stamped, not rebuilt
+    assert stamp.is_file()
 
 
 @pytest.fixture
@@ -115,6 +136,38 @@ def test_truncated_weights_are_rebuilt(fake_parts, fake_convert, tmp_path):
     ensure_converted(entry(), root)
     assert len(fake_convert) == 2
     assert (directory / "model.safetensors").stat().st_size == 700
+
+
+def test_weights_damaged_in_place_are_converted_again_when_verified(
+    fake_parts, fake_convert, tmp_path, capsys
+):
+    root = tmp_path / "cache"
+    directory = ensure_converted(entry(), root)
+    flip_a_byte(directory / "model.safetensors")  # the same size: the sizes cannot tell
+    assert ensure_converted(entry(), root) == directory and len(fake_convert) == 1
+    capsys.readouterr()
+    ensure_converted(entry(), root, verify=True)  # a caller about to read the weights
+    assert len(fake_convert) == 2
+    assert (directory / "model.safetensors").read_bytes() == b"weights" * 100
+    assert "model.safetensors is damaged" in capsys.readouterr().err
+
+
+def test_small_files_are_checked_on_every_use(fake_parts, fake_convert, tmp_path):
+    root = tmp_path / "cache"
+    directory = ensure_converted(entry(), root)
+    (directory / "config.json").write_text("[]")  # same size, other bytes
+    ensure_converted(entry(), root)
+    assert len(fake_convert) == 2 and (directory / "config.json").read_text() == "{}"
+
+
+def test_a_marker_without_digests_is_rebuilt(fake_parts, fake_convert, tmp_path):
+    root = tmp_path / "cache"
+    directory = ensure_converted(entry(), root)
+    marker = json.loads((directory / models.MARKER).read_text())
+    del marker["xxh3_128"]  # as written before digests were
+    (directory / models.MARKER).write_text(json.dumps(marker))
+    ensure_converted(entry(), root)
+    assert len(fake_convert) == 2
 
 
 def test_a_leftover_building_directory_is_ignored(fake_parts, fake_convert, tmp_path):

