@@ -314,13 +314,101 @@ def test_save_load_round_trip_and_refusals(tmp_path, target_model, trained, kind
     # The same heads filed under the other target's fingerprint: refused, never used.
     other_entry = store.entry_dir(str(tmp_path), target_fingerprint(other.model), "other")
     other_entry.mkdir(parents=True)
-    (other_entry / kind).symlink_to(entry / kind)
+    saved = store.current(entry, kind)
+    assert saved is not None and saved.name == f"{kind}.v1"
+    (other_entry / saved.name).symlink_to(saved)
     with pytest.raises(ValueError, match="trained for another target"):
         load_heads(kind, other, str(tmp_path), "other")
-    weights = entry / kind / store.WEIGHTS
+    weights = saved / store.WEIGHTS
     weights.write_bytes(weights.read_bytes()[:100])  # truncated
     with pytest.raises(ValueError, match="incomplete or corrupt"):
         load_heads(kind, target, str(tmp_path), "tiny")
+
+
+def _saved_eagle(tmp_path, target_model, trained):
+    heads, _ = trained["eagle"]
+    fingerprint = target_fingerprint(target_model)
+    entry = store.entry_dir(str(tmp_path), fingerprint, "tiny")
+    config = heads.config.to_dict() | {"fingerprint": fingerprint}
+    return entry, config, heads.net.state_dict()
+
+
+def test_heads_damaged_in_place_are_refused_in_one_line(tmp_path, target_model, trained):
+    # Issue 45.6: a same-size change to the weights loaded silently (or raised a pickle error).
+    entry, config, state = _saved_eagle(tmp_path, target_model, trained)
+    directory = store.save(entry, "eagle", config, state)
+    weights = directory / store.WEIGHTS
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0x01  # inside the last tensor: the file still parses
+    weights.write_bytes(bytes(data))
+    target = backend(target_model)
+    with pytest.raises(ValueError, match="is damaged .*train them again") as refused:
+        load_heads("eagle", target, str(tmp_path), "tiny")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_save_that_dies_before_its_rename_keeps_the_heads_there_were(
+    tmp_path, target_model, trained, monkeypatch
+):
+    # Issue 45.6: save moved the old heads aside before renaming the new ones into place, so
+    # a crash between left no heads at all.
+    import os
+
+    entry, config, state = _saved_eagle(tmp_path, target_model, trained)
+    store.save(entry, "eagle", config, state)
+    changed = {name: tensor + 1 for name, tensor in state.items()}
+    rename = os.replace
+
+    def dies_moving_the_new_heads_in(source, destination):
+        if ".tmp" in os.path.basename(source):
+            raise OSError("killed")
+        rename(source, destination)
+
+    monkeypatch.setattr(os, "replace", dies_moving_the_new_heads_in)
+    with pytest.raises(OSError, match="killed"):
+        store.save(entry, "eagle", config, changed)
+    monkeypatch.undo()
+    _, loaded = store.load(entry, "eagle", config["fingerprint"])
+    assert all(torch.equal(loaded[name], state[name]) for name in state)
+    store.save(entry, "eagle", config, changed)  # the next save completes
+    _, loaded = store.load(entry, "eagle", config["fingerprint"])
+    assert all(torch.equal(loaded[name], changed[name]) for name in state)
+    assert [p.name for p in entry.iterdir() if not p.name.startswith(".")] == ["eagle.v2"]
+
+
+def test_a_second_trainer_of_the_same_heads_is_refused(tmp_path):
+    entry = tmp_path / "entry"
+    refused = pytest.raises(ValueError, match="another 'specdec heads train --kind eagle'")
+    with store.training(entry, "eagle"):
+        with refused, store.training(entry, "eagle"):
+            pass
+        with store.training(entry, "medusa"):  # another kind trains beside it
+            pass
+    with store.training(entry, "eagle"):  # released
+        pass
+
+
+def test_heads_saved_before_versions_load_and_are_saved_checked(tmp_path, target_model, trained):
+    from specdec.integrity import file_digest
+
+    entry, config, state = _saved_eagle(tmp_path, target_model, trained)
+    legacy = entry / "eagle"
+    legacy.mkdir(parents=True)
+    torch.save(state, legacy / "heads.pt")
+    (legacy / "config.json").write_text(json.dumps(config, indent=1))
+    files = {name: (legacy / name).stat().st_size for name in ("heads.pt", "config.json")}
+    marker = {"format": "specdec-heads/1", "kind": "eagle", "target": config["fingerprint"]}
+    (legacy / store.MARKER).write_text(json.dumps(marker | {"files": files}))
+    pickled = bytearray((legacy / "heads.pt").read_bytes())
+    (legacy / "heads.pt").write_bytes(bytes(pickled[:40]) + bytes(len(pickled) - 40))
+    with pytest.raises(ValueError, match="unreadable heads"):  # not a pickle traceback
+        store.load(entry, "eagle", config["fingerprint"])
+    (legacy / "heads.pt").write_bytes(bytes(pickled))
+    loaded = load_heads("eagle", backend(target_model), str(tmp_path), "tiny")
+    assert loaded.config.token_ids == config["token_ids"]
+    current = store.current(entry, "eagle")
+    assert current is not None and current.name == "eagle.v1" and not legacy.exists()
+    assert file_digest(current / store.WEIGHTS)  # the checked form, from now on
 
 
 @pytest.mark.parametrize("runtime", ["int4", "int8"])
@@ -450,7 +538,7 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
         assert main(["heads", "train", "--kind", kind, "--minutes", "0.1", *unroll, *common]) == 0
         assert "saved" in (err := capsys.readouterr().err)
         assert ("unroll 2" in err) == (kind == "eagle"), err
-        saved = next((tmp_path / "cache" / "heads").glob(f"*/{kind}/config.json"))
+        saved = next((tmp_path / "cache" / "heads").glob(f"*/{kind}.v*/config.json"))
         training = json.loads(saved.read_text())["training"]
         assert training["learning_rate"] == (0.002 if kind == "eagle" else 1e-3)  # as asked
         assert training.get("init") == ("target" if kind == "eagle" else None)  # the default
@@ -502,7 +590,7 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
     # --init random starts over from random weights, and a checkpoint keeps its start
     train = ["heads", "train", "--kind", "eagle", "--minutes", "0.1", *common]
     assert main([*train, "--init", "random", "--restart"]) == 0
-    saved = next((tmp_path / "cache" / "heads").glob("*/eagle/config.json"))
+    saved = next((tmp_path / "cache" / "heads").glob("*/eagle.v*/config.json"))
     assert json.loads(saved.read_text())["training"]["init"] == "random"
     capsys.readouterr()
     assert main([*train, "--init", "target"]) == 2

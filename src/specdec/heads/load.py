@@ -52,7 +52,7 @@ def load_heads(kind: str, target, cache_dir: str | None = None, target_name: str
     try:
         net.load_state_dict(state)
     except RuntimeError as error:
-        raise ValueError(f"{entry / kind}: heads do not fit their config ({error})") from None
+        raise ValueError(f"{entry}: {kind} heads do not fit their config ({error})") from None
     return drafting(config, net, target.model)
 
 
@@ -183,7 +183,7 @@ def _predicted(evals: dict[tuple[str, str], dict], runtime: str, entry) -> dict[
         for (kind, evaluated_on), result in evals.items()
         if evaluated_on == runtime
         and "predicted_speedup" in result
-        and (kind == "model" or (entry / kind).is_dir())
+        and (kind == "model" or store.current(entry, kind) is not None)
     }
 
 

@@ -1,22 +1,36 @@
-"""Trained heads in the model cache, one entry per target, written like the model cache:
-into a temporary directory, a marker (with every file's size) last, then renamed into place.
-A truncated or foreign entry is detected and never used."""
+"""Trained heads in the model cache, one entry per target.
+
+Each save is a new version directory, ``<entry>/<kind>.v<N>``: the weights (safetensors),
+the config and a marker with every file's size and digest, written under a temporary name
+and renamed into place in one step; older versions are removed only after. So there is
+never a moment without a complete set, and a crash leaves the last complete one in use.
+Saves of one entry take a lock; a load checks every byte against the marker and refuses
+damaged heads with one line (they cannot be rebuilt without training again). Heads saved
+by specdec before versions (``<entry>/<kind>/heads.pt``) still load, and are saved again
+in this form on their first load.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from specdec.models import cache_root, read_marker, write_marker
+from specdec.integrity import damaged_files, file_lock, read_marker, write_marker
+from specdec.models import cache_root
 
 MARKER = "heads-ok.json"
-FORMAT = "specdec-heads/1"
-WEIGHTS = "heads.pt"
+FORMAT = "specdec-heads/2"  # 2: safetensors weights, versioned directories, digests
+WEIGHTS = "heads.safetensors"
+_LEGACY_FORMAT, _LEGACY_WEIGHTS = "specdec-heads/1", "heads.pt"
+_VERSION = re.compile(r"^(?P<kind>[a-z]+)\.v(?P<n>[0-9]+)$")
 
 
 def entry_dir(cache_dir: str | None, fingerprint: str, target_name: str) -> Path:
@@ -31,21 +45,39 @@ def entry_dir(cache_dir: str | None, fingerprint: str, target_name: str) -> Path
     return root / f"{name}-{fingerprint}"
 
 
+def current(entry: Path, kind: str) -> Path | None:
+    """The directory of the newest complete heads of ``kind`` in ``entry`` (a legacy
+    ``<kind>/`` one if there is no version), or None."""
+    versions = sorted(
+        (int(m["n"]), path)
+        for path in (entry.iterdir() if entry.is_dir() else [])
+        if (m := _VERSION.match(path.name)) and m["kind"] == kind
+    )
+    for _, path in reversed(versions):
+        if read_marker(path, MARKER, {"format": FORMAT, "kind": kind}) is not None:
+            return path
+    legacy = entry / kind
+    return legacy if legacy.is_dir() else (versions[-1][1] if versions else None)
+
+
 def save(entry: Path, kind: str, config: dict, state: dict[str, torch.Tensor]) -> Path:
-    """Write heads of ``kind`` atomically; returns their directory."""
-    final = entry / kind
-    tmp = entry / f".{kind}.tmp"
+    """Write heads of ``kind`` as a new version; returns its directory."""
+    from safetensors.torch import save_file
+
+    entry.mkdir(parents=True, exist_ok=True)
+    tmp = entry / f".{kind}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save(state, tmp / WEIGHTS)
+    tmp.mkdir()
+    save_file({name: t.detach().contiguous() for name, t in state.items()}, tmp / WEIGHTS)
     (tmp / "config.json").write_text(json.dumps(config, indent=1))
     write_marker(tmp, MARKER, {"format": FORMAT, "kind": kind, "target": config["fingerprint"]})
-    old = entry / f".{kind}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    with file_lock(entry / f".{kind}.save.lock"):
+        final = entry / f"{kind}.v{_next_version(entry, kind)}"
+        os.replace(tmp, final)  # the one step that makes the new heads the current ones
+        for path in entry.iterdir():  # older versions, and the legacy directory
+            m = _VERSION.match(path.name)
+            if path != final and ((m and m["kind"] == kind) or path.name == kind):
+                shutil.rmtree(path, ignore_errors=True)
     # Evaluations of the heads just replaced describe heads that no longer exist.
     for path, (evaluated, _) in _eval_files(entry):
         if evaluated == kind:
@@ -53,27 +85,102 @@ def save(entry: Path, kind: str, config: dict, state: dict[str, torch.Tensor]) -
     return final
 
 
+def _next_version(entry: Path, kind: str) -> int:
+    numbers = [
+        int(m["n"]) for p in entry.iterdir() if (m := _VERSION.match(p.name)) and m["kind"] == kind
+    ]
+    return max(numbers, default=0) + 1
+
+
+@contextlib.contextmanager
+def training(entry: Path, kind: str) -> Iterator[None]:
+    """Held while heads of ``kind`` train for this entry: a second trainer is refused at
+    once (one line) instead of training beside the first over the same checkpoint."""
+    entry.mkdir(parents=True, exist_ok=True)
+    with open(entry / f".{kind}.train.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(
+                f"another 'specdec heads train --kind {kind}' is training heads for this target "
+                f"({entry}): wait for it to finish"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def load(entry: Path, kind: str, fingerprint: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config, weights) of the heads of ``kind`` for the target with ``fingerprint``."""
-    directory = entry / kind
-    if not directory.exists():
+    """(config, weights) of the heads of ``kind`` for the target with ``fingerprint``,
+    every byte checked; ValueError (one line, with the next step) otherwise."""
+    directory = current(entry, kind)
+    if directory is None:
         raise ValueError(
             f"no {kind} heads trained for this target (run 'specdec heads data' then "
             f"'specdec heads train --kind {kind}')"
         )
+    if (directory / _LEGACY_WEIGHTS).exists() or directory.name == kind:
+        config, state = _load_legacy(directory, kind, fingerprint)
+        save(entry, kind, config, state)  # in the checked form from now on
+        return config, state
     marker = read_marker(directory, MARKER, {"format": FORMAT, "kind": kind})
     if marker is None:
         raise ValueError(f"{directory}: incomplete or corrupt heads; train them again")
+    _check_target(directory, marker, fingerprint)
+    bad = damaged_files(directory, marker)
+    if bad:
+        raise ValueError(
+            f"{directory / bad[0]} is damaged (its checksum does not match): these heads "
+            "cannot be used; train them again"
+        )
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+        state = load_file(directory / WEIGHTS)
+    except (OSError, ValueError, SafetensorError) as error:
+        raise ValueError(f"{directory}: unreadable heads ({error}); train them again") from None
+    return config, state
+
+
+def _check_target(directory: Path, marker: dict, fingerprint: str) -> None:
     if marker.get("target") != fingerprint:
         raise ValueError(
             f"{directory}: these heads were trained for another target "
             f"({marker.get('target')}, this one is {fingerprint}); train heads for this one"
         )
+
+
+def _load_legacy(directory: Path, kind: str, fingerprint: str) -> tuple[dict, dict]:
+    """Heads saved before versions: sizes recorded, no digests; a pickle, read with
+    ``weights_only`` (no code runs), any failure to read it refused."""
+    try:
+        marker = json.loads((directory / MARKER).read_text())
+    except (OSError, ValueError):
+        marker = None
+    files = marker.get("files") if isinstance(marker, dict) else None
+    intact = (
+        isinstance(files, dict)
+        and marker.get("format") == _LEGACY_FORMAT
+        and marker.get("kind") == kind
+        and all(
+            (directory / name).is_file() and (directory / name).stat().st_size == size
+            for name, size in files.items()
+        )
+    )
+    if not intact:
+        raise ValueError(f"{directory}: incomplete or corrupt heads; train them again")
+    assert isinstance(marker, dict), "checked above"
+    _check_target(directory, marker, fingerprint)
     try:
         config = json.loads((directory / "config.json").read_text())
-        state = torch.load(directory / WEIGHTS, weights_only=True)
-    except (OSError, ValueError, RuntimeError, EOFError) as error:
+        state = torch.load(directory / _LEGACY_WEIGHTS, weights_only=True)
+    except Exception as error:  # a damaged pickle raises whatever its bytes lead to
         raise ValueError(f"{directory}: unreadable heads ({error}); train them again") from None
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise ValueError(f"{directory}: unreadable heads (not a dict of tensors); train them again")
     return config, state
 
 
@@ -120,9 +227,8 @@ def list_entries(cache_dir: str | None) -> list[str]:
     for entry in sorted(root.iterdir()) if root.is_dir() else []:
         evals = read_evals(entry)
         for kind in ("medusa", "eagle"):
-            directory = entry / kind
-            marker = read_marker(directory, MARKER, {"format": FORMAT, "kind": kind})
-            if marker is None:
+            directory = current(entry, kind)
+            if directory is None:
                 continue
             try:
                 config = json.loads((directory / "config.json").read_text())

@@ -436,9 +436,16 @@ def fresh_config(
 def run_command(
     args: argparse.Namespace, target, fingerprint: str, data_dir: Path, entry: Path, progress
 ) -> int:
-    """``specdec heads train`` (``check_args`` has passed). ``--minutes`` holds reading the
-    data and building the heads too (the target is loaded before), so that the phases of
-    ``heads make`` end within its budget."""
+    """``specdec heads train`` (``check_args`` has passed), one trainer of a kind per
+    target at a time. ``--minutes`` holds reading the data and building the heads too (the
+    target is loaded before), so that the phases of ``heads make`` end within its budget."""
+    with store.training(entry, args.kind):
+        return _train_and_save(args, target, fingerprint, data_dir, entry, progress)
+
+
+def _train_and_save(
+    args: argparse.Namespace, target, fingerprint: str, data_dir: Path, entry: Path, progress
+) -> int:
     started = time.monotonic()
     train_set, _, manifest = data.load(data_dir, fingerprint)
     num_heads = args.num_heads or HeadsConfig.num_heads
