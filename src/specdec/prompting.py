@@ -52,8 +52,17 @@ def encode_prompt(tokenizer, prompt: str, template: str = "auto") -> list[int]:
 
 
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of a conversation, ending with the assistant's turn prompt."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    """Token ids of a conversation, ending with the assistant's turn prompt. A tokenizer
+    without a chat template, or a template that refuses the messages (its own
+    ``raise_exception``, or any Jinja error), is a ValueError saying so."""
+    import jinja2
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template: use raw completion")
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except jinja2.TemplateError as error:
+        raise ValueError(f"the model's chat template refused these messages: {error}") from None
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 

@@ -32,12 +32,20 @@ class LlamaCppTokenizer:
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = True
     ):
-        """The GGUF's chat template, rendered with jinja2 as transformers does."""
+        """The GGUF's chat template, rendered with jinja2 as transformers does (a sandbox, and
+        ``raise_exception`` for a template's own refusals: jinja2 ``TemplateError``)."""
         import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        template = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(
-            self.chat_template
-        )
+        if not self.chat_template:
+            raise ValueError("this GGUF has no chat template: use raw completion")
+
+        def raise_exception(message: str):
+            raise jinja2.TemplateError(message)
+
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        environment.globals["raise_exception"] = raise_exception
+        template = environment.from_string(self.chat_template)
         text = template.render(messages=messages, add_generation_prompt=add_generation_prompt)
         return self.encode(text) if tokenize else text
 

@@ -53,6 +53,17 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
         self.kind, self.headers = kind, headers
 
+    def body(self) -> dict:
+        """OpenAI's error shape (``guard.error_response`` sends it as a response)."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
     def response(self) -> Response:
         return error_response(
             self.status, self.message, self.param, self.code, self.kind, self.headers
@@ -245,7 +256,7 @@ def create_app(
                 job.checked = now
                 if await request.is_disconnected():
                     getter.cancel()
-                    job.cancelled.set()
+                    scheduler.cancel(job)
                     raise ClientGone
             done, _ = await asyncio.wait({getter}, timeout=0.2)
             if done:
@@ -313,7 +324,7 @@ def create_app(
             }
             return f"data: {json.dumps(payload)}\n\n"
 
-        finished = False
+        status = "disconnected"  # until the stream ends as it should
         try:
             if chat:
                 yield event(None, None, first_delta=True)
@@ -328,16 +339,21 @@ def create_app(
                 if item is END:
                     break
                 if isinstance(item, Exception):
-                    raise item
+                    # The status line went out with the first chunk: the error is an event
+                    # of the stream, which then ends as every stream does (vLLM's shape).
+                    yield f"data: {json.dumps(_as_api_error(item).body())}\n\n"
+                    yield "data: [DONE]\n\n"
+                    status = "error"
+                    return
             last = chunks[-1]
             extra = {"usage": _usage(job, chunks), "spec_stats": last.stats.to_dict()}
             yield event(None, last.finish_reason or "length", extra=extra)
             yield "data: [DONE]\n\n"
-            finished = True
+            status = "ok"
         finally:
-            if not finished:
-                job.cancelled.set()  # the client went away: free the slot at the next round
-            _finish(job, chunks, ttft, "ok" if finished else "disconnected")
+            if status == "disconnected":
+                scheduler.cancel(job)  # the client went away: free the slot at the next round
+            _finish(job, chunks, ttft, status)
 
     _document_400_not_422(app)
     return app
@@ -377,6 +393,13 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     async def _http(request: Request, error: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
         return error_response(error.status_code, str(error.detail), None, code)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, error: Exception):
+        # A fault of the server's, never of the request: still OpenAI's JSON, not plain text.
+        metrics.requests.labels("error").inc()
+        message = f"internal error: {type(error).__name__}: {error}"
+        return error_response(500, message, None, "internal_error", "server_error")
 
 
 def _param_name(loc) -> str | None:

@@ -33,7 +33,14 @@ from specdec.backends.llamacpp import LlamaCppModel
 from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
 from specdec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from specdec.drafters.recipe import available_recipes, build_drafter, is_recipe, parse_recipe
+from specdec.drafters.recipe import (
+    available_recipes,
+    build_drafter,
+    is_choice,
+    is_recipe,
+    parse_choice,
+    parse_recipe,
+)
 from specdec.engine import Chunk, Engine, Run, new_controller, step_together
 
 END = None  # marks the end of a job's output queue
@@ -114,12 +121,22 @@ class Scheduler:
 
     @property
     def drafters(self) -> list[str]:
-        """The drafter recipes requests may ask for (in any order of their members)."""
+        """The drafter recipes requests may ask for (a chain's members in any order too)."""
         return available_recipes(self._kinds())
 
     def offers(self, recipe: str) -> bool:
-        """Whether a request may ask for ``recipe``: a valid one of the kinds served here."""
-        return is_recipe(recipe) and set(parse_recipe(recipe)) <= set(self._kinds())
+        """Whether a request may ask for ``recipe``: one of ``drafters``, a chain of the
+        kinds served here in another order, or one of the choices in ``drafters`` with its
+        chains in another order. A finite set (a choice among arbitrary chains is not
+        offered), so the controllers kept per recipe stay bounded."""
+        if recipe in self.drafters:
+            return True
+        if not is_recipe(recipe) or not set(parse_recipe(recipe)) <= set(self._kinds()):
+            return False
+        if not is_choice(recipe):
+            return True
+        offered = [set(parse_choice(r)) for r in self.drafters if is_choice(r)]
+        return set(parse_choice(recipe)) in offered
 
     def _kinds(self) -> list[str]:
         model = ["model"] if self.draft_model is not None else []
@@ -150,6 +167,16 @@ class Scheduler:
         for job in jobs:
             job.cancelled.set()
             job.put(ServerStopping("the server is shutting down"))
+
+    def cancel(self, job: Job) -> None:
+        """The job's client has gone: a waiting job gives its queue place back at once; an
+        active one is dropped by the worker at its next round."""
+        job.cancelled.set()
+        with self._wake:
+            if job in self._pending:
+                self._pending.remove(job)
+                self._admitted -= 1
+                self.on_queue_change(len(self._pending), len(self._active))
 
     def submit(self, job: Job) -> None:
         with self._wake:

@@ -1,0 +1,201 @@
+"""Issue 45's server items against a real uvicorn server on loopback: no input gives a 500,
+a failure mid-stream ends the stream properly, drafter recipes are a bounded set, and a
+client that leaves while queued gives its place back."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+import urllib.request
+
+import pytest
+
+from helpers import backend
+from specdec import Engine, SamplingParams
+from specdec.engine import Run
+from test_server import Running, models, post  # noqa: F401  (fixture re-used)
+
+
+@pytest.fixture(scope="module")
+def server(models):  # noqa: F811
+    running = Running(*models, max_active=2, max_queue=8)
+    yield running
+    running.close()
+
+
+def test_a_temperature_float32_cannot_divide_by_is_greedy(server, models):  # noqa: F811
+    # Issue 45.1: 1e-300 is 0 in float32; the server answered 500 every time.
+    target, _, tokenizer = models
+    greedy = Engine(backend(target, tokenizer)).generate(
+        tokenizer.encode("hello"), SamplingParams(max_tokens=12, temperature=0.0)
+    )
+    for body in (
+        {"prompt": "hello", "max_tokens": 12, "temperature": 1e-300},
+        {"prompt": "hello", "max_tokens": 12, "temperature": 1e-300, "seed": 3},
+        {"prompt": "hello", "max_tokens": 12, "temperature": 1e-300, "stream": False, "top_k": 2},
+    ):
+        status, payload = post(server, "/v1/completions", body)
+        assert status == 200, payload
+        assert payload["choices"][0]["text"] == greedy.text
+
+
+def test_drafter_recipes_are_a_bounded_set(server):
+    # Issue 45.8: any '/'-choice of chains was accepted, each building drafters and keeping
+    # a controller of its own for the server's life.
+    for recipe in ("lookup/model/lookup+model/model+lookup", "model+lookup/lookup"):
+        status, payload = post(
+            server,
+            "/v1/completions",
+            {"prompt": "x", "max_tokens": 2, "drafter": recipe, "num_speculative_tokens": "auto"},
+        )
+        assert status == 400 and payload["error"]["param"] == "drafter", recipe
+    offered = server.scheduler.drafters
+    for recipe in [*offered, "model+lookup"]:  # a chain in another order is still a chain
+        status, _ = post(
+            server,
+            "/v1/completions",
+            {"prompt": "x", "max_tokens": 2, "drafter": recipe, "num_speculative_tokens": "auto"},
+        )
+        assert status == 200, recipe
+    assert len(server.scheduler.controllers) <= len(offered) + 1
+
+
+@pytest.fixture(scope="module")
+def refusing_template(models):  # noqa: F811
+    target, draft, tokenizer = models
+    tokenizer = tokenizer.__class__(tokenizer_object=tokenizer.backend_tokenizer)
+    tokenizer.chat_template = (
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system turns') }}"
+        "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    running = Running(target, draft, tokenizer)
+    yield running
+    running.close()
+
+
+def test_a_chat_template_that_refuses_the_messages_is_a_400(refusing_template):
+    # Issue 45.9: a Jinja TemplateError escaped as a plain-text 500.
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    status, payload = post(
+        refusing_template, "/v1/chat/completions", {"messages": messages, "max_tokens": 2}
+    )
+    assert status == 400 and "no system turns" in payload["error"]["message"]
+    status, _ = post(
+        refusing_template, "/v1/chat/completions", {"messages": messages[1:], "max_tokens": 2}
+    )
+    assert status == 200
+
+
+def test_a_tokenizer_without_a_chat_template_is_a_400(models):  # noqa: F811
+    target, draft, tokenizer = models
+    bare = tokenizer.__class__(tokenizer_object=tokenizer.backend_tokenizer)
+    bare.chat_template = None
+    running = Running(target, draft, bare)
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        status, payload = post(running, "/v1/chat/completions", body)
+        assert status == 400 and "no chat template" in payload["error"]["message"]
+    finally:
+        running.close()
+
+
+def test_a_gguf_without_a_chat_template_and_a_template_that_raises_are_value_errors():
+    # Issue 45.9: llama.cpp's tokenizer rendered a missing template as a TypeError (a 500).
+    from specdec.backends.llamacpp import LlamaCppTokenizer
+    from specdec.prompting import chat_ids
+
+    tokenizer = object.__new__(LlamaCppTokenizer)
+    tokenizer.encode = lambda text: [len(text)]  # type: ignore[method-assign]
+    messages = [{"role": "user", "content": "hi"}]
+    tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        chat_ids(tokenizer, messages)
+    tokenizer.chat_template = "{{ raise_exception('user turns only after a system turn') }}"
+    with pytest.raises(ValueError, match="refused these messages: user turns only"):
+        chat_ids(tokenizer, messages)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert chat_ids(tokenizer, messages) == [2]
+
+
+def test_a_failure_after_the_first_event_ends_the_stream_with_an_error_event(server, monkeypatch):
+    # Issue 45.10: the error was re-raised; the client saw a cut stream, no error, no [DONE].
+    original = Run.finish_round
+
+    def fails_after_four_tokens(self, *args, **kwargs):
+        if self.context[:2] == [6, 1] and len(self.generated) >= 4:  # the prompt "fa..."
+            raise RuntimeError("the worker failed")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Run, "finish_round", fails_after_four_tokens)
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    body = {"prompt": "fail here", "max_tokens": 30, "stream": True, "num_speculative_tokens": 1}
+    connection.request(
+        "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+    )
+    response = connection.getresponse()
+    assert response.status == 200
+    events = [line for line in response.read().decode().split("\n\n") if line]
+    connection.close()
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))
+    assert error["error"]["code"] == "internal_error" and "the worker failed" in str(error)
+    assert any('"text"' in event for event in events[:-2])  # it had begun
+    status, _ = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert status == 200  # and the server keeps serving
+
+
+def _gauge(running, name: str) -> float:
+    with urllib.request.urlopen(running.url + "/metrics") as metrics:
+        line = next(x for x in metrics.read().decode().splitlines() if x.startswith(name + " "))
+    return float(line.split()[-1])
+
+
+def test_a_client_that_leaves_while_queued_gives_its_place_back(models, monkeypatch):  # noqa: F811
+    # Issue 45.11: a queued job kept its place until it reached an active slot, so clients
+    # that left could keep the queue full and others got 503.
+    original = Run.finish_round
+
+    def slowly(self, *args, **kwargs):
+        time.sleep(0.1)  # the first request holds the only active slot for seconds
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Run, "finish_round", slowly)
+    running = Running(*models, max_active=1, max_queue=1)
+    try:
+        first = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
+        # greedy, one token a round: 58 rounds (float32) or 95 (int8) before its EOS
+        body = {"prompt": "stream me", "max_tokens": 200, "stream": True, "temperature": 0}
+        body["num_speculative_tokens"] = 0
+        first.request(
+            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        stream = first.getresponse()
+        stream.fp.readline()
+        queued = socket.create_connection(("127.0.0.1", running.port))
+        request = json.dumps({"prompt": "x", "max_tokens": 2}).encode()
+        queued.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(request), request)
+        )
+        deadline = time.time() + 10
+        while _gauge(running, "specdec_queue_length") < 1:
+            assert time.time() < deadline, "the second request never queued"
+            time.sleep(0.05)
+        queued.close()
+        while _gauge(running, "specdec_queue_length") > 0:
+            assert time.time() < deadline, "the abandoned queued request kept its place"
+            time.sleep(0.05)
+        assert _gauge(running, "specdec_active_requests") == 1  # the first is still decoding
+        # a third request is queued now, not refused: no answer within a second (a 503
+        # would come at once)
+        third = http.client.HTTPConnection("127.0.0.1", running.port, timeout=1)
+        third.request("POST", "/v1/completions", request, {"Content-Type": "application/json"})
+        with pytest.raises(TimeoutError):
+            third.getresponse()
+        third.close()
+        first.close()
+    finally:
+        running.close()
