@@ -611,6 +611,7 @@ def _doctor() -> int:
     from specdec.backends import int4
 
     failed = False
+    promised: dict[str, bool] = {}
     for name in ("int8", "int4"):
         if name == "int4":
             try:
@@ -634,11 +635,14 @@ def _doctor() -> int:
         out.write(
             f"{name} runtime, block pass == one-token steps (bit for bit), 1536/8960 layers:\n"
         )
+        promised[name] = True
         for threads in doctor.thread_counts():
             result = doctor.check_block_equals_steps(model, threads)
             verdict = "ok" if result.ok else f"{result.mismatched} of {result.blocks} blocks DIFFER"
             out.write(f"  {threads} threads: {verdict}\n")
             failed |= not result.ok
+            promised[name] &= result.ok
+    out.write(doctor.same_text_line(promised))
     return 1 if failed else 0
 
 

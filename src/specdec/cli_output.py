@@ -103,14 +103,19 @@ def compare_plain(
     rejection verification, the text depends on the drafts (only its distribution is the
     target's), so ``identical`` is None: not comparable by text.
     """
+    from specdec.runtime import SAME_TEXT_AS_PLAIN, runtime_of
+
     engine.target.truncate(0)
     plain = Engine(engine.target).generate(prompt_ids, params, replace(spec, k=0))
     plain_tps = plain.stats.tokens_per_second
     comparable = params.greedy or spec.coupled(params)
+    runtime = runtime_of(engine.target)
     return {
         "plain_tokens_per_second": plain_tps,
         "speedup": speculative.stats.tokens_per_second / plain_tps if plain_tps else 0.0,
         "identical": plain.token_ids == speculative.token_ids if comparable else None,
+        "runtime": runtime,
+        "same_text_promised": runtime in SAME_TEXT_AS_PLAIN,
     }
 
 
@@ -118,8 +123,19 @@ def print_compare(compare: dict) -> None:
     identical = compare["identical"]
     if identical is None:
         verdict = "not compared by text (rejection sampling: same distribution, other draws)"
+    elif identical:
+        verdict = "output identical to plain decoding"
+    elif compare["same_text_promised"]:
+        verdict = (
+            f"output DIFFERS from plain decoding: a bug on {compare['runtime']}, whose verify "
+            "pass equals its steps (please report it)"
+        )
     else:
-        verdict = f"output {'identical' if identical else 'DIFFERS'} to plain decoding"
+        verdict = (
+            f"output DIFFERS from plain decoding: on {compare['runtime']} a verify pass can "
+            "round differently from one-token steps (same distribution; only int8 and int4 "
+            "promise the same text)"
+        )
     Console(stderr=True, highlight=False).print(
         f"plain decoding: {compare['plain_tokens_per_second']:.1f} tok/s | "
         f"speedup {compare['speedup']:.2f}x | {verdict}"

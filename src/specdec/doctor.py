@@ -127,3 +127,17 @@ def cpu_flags() -> list[str]:
     wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8")
     flags = cpu_flag_set()
     return [flag for flag in wanted if flag in flags]
+
+
+def same_text_line(checked: dict[str, bool]) -> str:
+    """Where a greedy or seeded request gives plain decoding's text, from the block == steps
+    verdicts of the runtimes checked here (``runtime.SAME_TEXT_AS_PLAIN`` promises it)."""
+    verdicts = ", ".join(
+        f"{name} {'yes' if ok else 'NO (its check failed above)'}" for name, ok in checked.items()
+    )
+    return (
+        "same text as plain decoding (greedy, or sampling with a seed) whatever k, -k auto and "
+        f"the drafter: {verdicts or 'no runtime checked'}; bfloat16, float32 and llama.cpp: "
+        "not promised (a verify pass can round differently from steps; the distribution is "
+        "the target's all the same)\n"
+    )

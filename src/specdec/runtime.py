@@ -16,6 +16,13 @@ from dataclasses import dataclass
 from specdec.models import GGUF_TYPES
 
 TRANSFORMERS_DTYPES = ("int8", "int4", "bfloat16", "float32")
+# The runtimes whose block pass scores every row bit for bit as one-token steps do (the
+# kernels are batch-invariant; ``specdec doctor`` checks it on this machine): there a
+# greedy or seeded request gives plain decoding's text whatever k, k=auto's choices and the
+# drafter. On the others (transformers' float kernels, llama.cpp) a block pass can round
+# differently from steps: the output still follows the target's distribution, but where two
+# tokens nearly tie it can differ from plain decoding's (bfloat16 more often than float32).
+SAME_TEXT_AS_PLAIN = ("int8", "int4")
 HELP = (
     "int8, int4 (specdec's runtimes: a verify pass equals its steps bit for bit), bfloat16, "
     "float32 (transformers), or llamacpp:TYPE "
@@ -45,6 +52,26 @@ class Runtime:
             runtime="llamacpp",
             gguf_type=self.precision,
         )
+
+
+def runtime_of(backend) -> str:
+    """The runtime a loaded backend runs on: int4, int8, a transformers dtype, or llamacpp."""
+    from specdec.backends.hf import HFModel
+
+    return model_runtime(backend.model) if isinstance(backend, HFModel) else "llamacpp"
+
+
+def model_runtime(model) -> str:
+    """The runtime a transformers model is on, by its output layer: int4, int8, or its dtype."""
+    from specdec.backends.int4 import RowInt4Linear
+    from specdec.backends.int8 import RowInt8Linear
+
+    head = model.get_output_embeddings()
+    if isinstance(head, RowInt4Linear):
+        return "int4"
+    if isinstance(head, RowInt8Linear):
+        return "int8"
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
 def parse_runtime(text: str, dtype: str = "int8", gguf_type: str = "q4_k_m") -> Runtime:

@@ -201,12 +201,6 @@ def eagle_on_int4(model: nn.Module) -> bool:
 
 def target_runtime(model: nn.Module) -> str:
     """The runtime a target model is on, by its output layer: int4, int8, or its dtype."""
-    from specdec.backends.int4 import RowInt4Linear
-    from specdec.backends.int8 import RowInt8Linear
+    from specdec.runtime import model_runtime
 
-    head = model.get_output_embeddings()  # type: ignore[operator]  # a transformers model
-    if isinstance(head, RowInt4Linear):
-        return "int4"
-    if isinstance(head, RowInt8Linear):
-        return "int8"
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
+    return model_runtime(model)
