@@ -104,6 +104,44 @@ def test_short_passes_are_not_extrapolated_down_a_steep_line():
     assert controller.choose_k() >= 3
 
 
+def observed(controller: AdaptiveK, k: int, accepted: int, pass_seconds: float) -> None:
+    controller.observe(Round(k, accepted, None, draft_seconds=0.0, pass_seconds=pass_seconds))
+
+
+@pytest.mark.parametrize("trusted_after", [1, 3])
+def test_one_slow_pass_does_not_rule_out_its_size(trusted_after):
+    """Issue 45.12: prompt lookup (free drafts, copies accepted 95% of the time) met one slow
+    4-token pass in its first round (2.8 steps); every size above 2 then looked costly, and
+    k stayed at 1 for tens of rounds, a mean accepted length of 1.6 on a copy-heavy reply.
+    A size measured fewer than TRUSTED_AFTER times costs at most what the well measured
+    sizes predict, so it is tried again, and measured at its real cost."""
+    controller = AdaptiveK(max_k=8, trusted_after=trusted_after)
+    observed(controller, 3, 0, 0.83)  # the first round: 4 tokens, a slow pass, a miss
+    for _ in range(6):  # then no match (k = 0) and single copies, at 0.3 s a pass
+        observed(controller, 0, 0, 0.30)
+        observed(controller, 1, 1, 0.31)
+    chosen = []
+    for _ in range(10):  # copies accepted whole; every pass of n tokens costs 0.3 + 0.01 n
+        k = controller.choose_k()
+        chosen.append(k)
+        observed(controller, k, k, 0.30 + 0.01 * (k + 1))
+    if trusted_after == 1:  # before issue 45: the one slow pass stood for its size
+        assert max(chosen) <= 2
+    else:
+        assert chosen[0] >= 3 and chosen[-1] == 8, chosen
+
+
+def test_a_size_measured_slow_again_and_again_is_believed():
+    controller = AdaptiveK(max_k=8)
+    for _ in range(6):
+        observed(controller, 0, 0, 0.30)
+        observed(controller, 1, 1, 0.31)
+    for _ in range(3):
+        observed(controller, 3, 3, 0.90)  # really slow: three observations
+    assert controller.pass_estimate(4) == pytest.approx(0.90)
+    assert controller.choose_k() <= 2
+
+
 def test_observe_learns_acceptance_and_costs():
     controller = AdaptiveK(max_k=4, decay=0.9)
     for _ in range(60):

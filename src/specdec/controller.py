@@ -13,7 +13,12 @@ each rate also holds one undecaying pseudo-observation of an optimistic prior: a
 without drafting, the estimate drifts back up and the controller tries drafting again rather
 than staying stuck on one unlucky round. Costs are medians of the last few observations
 (``COST_WINDOW``), per pass size and for the draft step: one slow pass (a cold first one, or
-one that met another process's threads) does not stand for its size; and every
+one that met another process's threads) does not stand for its size. The same optimism
+holds for costs: a pass size measured fewer than ``TRUSTED_AFTER`` times costs no more than
+the sizes measured well predict, so that it is tried and measured again instead of being
+ruled out by one slow observation (seen: a first 4-token pass measured at 2.8 steps kept
+prompt lookup at k = 1 for 45 rounds of a copy-heavy reply, its copies accepted 95% of the
+time: ``bench/lookup_policy.py``). And every
 ``EXPLORE_EVERY`` rounds the controller drafts one token deeper than it would, so the cost and
 acceptance of the next size stay measured. That holds from k = 0 too: a controller that has
 stopped drafting measures a round of one draft now and then, for costs measured in a slow
@@ -35,6 +40,7 @@ POSITION_PRIOR = 0.8  # optimistic: acceptance of a same-family draft model
 PRIOR_WEIGHT = 1.0  # pseudo-observations of the prior, never decayed
 EXPLORE_EVERY = 16  # rounds between drafts one token deeper than the best estimate
 COST_WINDOW = 5  # observations a cost estimate is the median of
+TRUSTED_AFTER = 3  # observations before a pass size's own cost is believed over its neighbours'
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class AdaptiveK:
     pass_history: dict[int, deque] = field(default_factory=dict)  # block size -> recent seconds
     draft_history: deque = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
     rounds: int = 0
+    trusted_after: int = TRUSTED_AFTER  # 1: every measured size's own median (no optimism)
 
     def __post_init__(self) -> None:
         self.position_counts = self.position_counts or [[0.0, 0.0] for _ in range(self.max_k)]
@@ -129,30 +136,22 @@ class AdaptiveK:
         return k * (self.draft_step_seconds or 0.0) + self.pass_estimate(k + 1)
 
     def pass_estimate(self, n: int) -> float:
-        """Target pass time for n tokens: measured, else piecewise linear between the nearest
-        measured sizes. Outside them: above the largest, the last segment's slope; below the
-        smallest, 5% less a token (a memory-bound pass). A pass's cost is convex in n (the
-        weights are read once, each row adds its arithmetic), so a line through two large
-        measured sizes, extended down, would make short passes look nearly free (seen on
-        the int4 runtime: a line through 5 and 9 tokens put 3 tokens at half a step)."""
-        if n in self.pass_seconds:
-            return self.pass_seconds[n]
-        sizes = sorted(self.pass_seconds)
-        below = [s for s in sizes if s < n]
-        above = [s for s in sizes if s > n]
-        if not below:  # shorter than anything measured
-            low = above[0]
-            return self.pass_seconds[low] * max(0.5, 1.0 - 0.05 * (low - n))
-        if not above:  # longer than anything measured
-            high = below[-1]
-            if len(below) == 1:
-                return self.pass_seconds[high] * (1.0 + 0.05 * (n - high))
-            previous = below[-2]
-            slope = (self.pass_seconds[high] - self.pass_seconds[previous]) / (high - previous)
-            return self.pass_seconds[high] + max(0.0, slope) * (n - high)
-        low, high = below[-1], above[0]
-        share = (n - low) / (high - low)
-        return self.pass_seconds[low] + share * (self.pass_seconds[high] - self.pass_seconds[low])
+        """Target pass time for n tokens: its own measurement where that is trusted (enough
+        observations), no more than what the trusted sizes predict where it is not, and
+        that prediction where n is unmeasured (``_interpolated``)."""
+        trusted = {
+            size: seconds
+            for size, seconds in self.pass_seconds.items()
+            if len(self.pass_history.get(size, ())) >= self.trusted_after
+            or size not in self.pass_history  # given, not measured here
+        }
+        if n in trusted:
+            return trusted[n]
+        if not trusted:
+            return _interpolated(self.pass_seconds, n)
+        predicted = _interpolated(trusted, n)
+        own = self.pass_seconds.get(n)
+        return predicted if own is None else min(own, predicted)
 
     # ---- learning -----------------------------------------------------------------
 
@@ -311,6 +310,33 @@ def _member_controllers(members: list[str], max_k: int) -> dict[str, AdaptiveK]:
 
 
 KPolicy = AdaptiveK | DrafterChoice | FallbackK  # the k policy of k=auto requests
+
+
+def _interpolated(pass_seconds: dict[int, float], n: int) -> float:
+    """Pass time for n tokens from a table of sizes: measured, else piecewise linear between
+    the nearest sizes. Outside them: above the largest, the last segment's slope; below the
+    smallest, 5% less a token (a memory-bound pass). A pass's cost is convex in n (the
+    weights are read once, each row adds its arithmetic), so a line through two large
+    measured sizes, extended down, would make short passes look nearly free (seen on the
+    int4 runtime: a line through 5 and 9 tokens put 3 tokens at half a step)."""
+    if n in pass_seconds:
+        return pass_seconds[n]
+    sizes = sorted(pass_seconds)
+    below = [s for s in sizes if s < n]
+    above = [s for s in sizes if s > n]
+    if not below:  # shorter than anything measured
+        low = above[0]
+        return pass_seconds[low] * max(0.5, 1.0 - 0.05 * (low - n))
+    if not above:  # longer than anything measured
+        high = below[-1]
+        if len(below) == 1:
+            return pass_seconds[high] * (1.0 + 0.05 * (n - high))
+        previous = below[-2]
+        slope = (pass_seconds[high] - pass_seconds[previous]) / (high - previous)
+        return pass_seconds[high] + max(0.0, slope) * (n - high)
+    low, high = below[-1], above[0]
+    share = (n - low) / (high - low)
+    return pass_seconds[low] + share * (pass_seconds[high] - pass_seconds[low])
 
 
 def _rate(counts: list[float], prior: float) -> float:
