@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 
 from specdec.config import SamplingParams
-from specdec.doctor import cpu_name
 from specdec.heads import data
 from specdec.heads.evaluate import StoredTarget, costs
 from specdec.heads.fingerprint import target_fingerprint
 from specdec.heads.load import load_heads
 from specdec.heads.store import entry_dir
 from specdec.loading import load_backend
+from specdec.machine import cpu_name
 from specdec.sampling import Sampler
 from specdec.theory import expected_tokens_per_round_by_position
 

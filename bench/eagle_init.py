@@ -30,7 +30,6 @@ import time
 import torch
 
 from specdec.backends.runtime_choice import ISA_VARIABLES
-from specdec.doctor import cpu_name
 from specdec.heads import data, store
 from specdec.heads.evaluate import Agreement, agreement
 from specdec.heads.fingerprint import target_fingerprint
@@ -45,6 +44,7 @@ from specdec.heads.train import (
     train,
     training_precision,
 )
+from specdec.machine import cpu_name
 from specdec.theory import expected_tokens_per_round_by_position
 
 ARMS = ("random", "target", "target-layer")

@@ -18,9 +18,9 @@ from importlib import resources
 from unittest import mock
 
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.doctor import cpu_name
 from specdec.heads import load as heads_load
 from specdec.loading import load_backend
+from specdec.machine import cpu_name
 from specdec.prompting import encode_prompt
 
 TARGET = "qwen2.5-coder-1.5b-instruct"

@@ -27,7 +27,8 @@ import time
 import torch
 from heads_train_step import machine  # bench/heads_train_step.py, beside this script
 
-from specdec.backends.int4 import PATH_BY_NAME, RowInt4Linear
+from specdec.backends.quant.int4 import RowInt4Linear
+from specdec.backends.quant.kernels import PATH_BY_NAME
 from specdec.heads import data
 from specdec.loading import load_backend
 from specdec.models import DEFAULT_TARGET

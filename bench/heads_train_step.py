@@ -29,9 +29,9 @@ import time
 import torch
 
 from specdec.backends.runtime_choice import ISA_VARIABLES
-from specdec.doctor import cpu_name
 from specdec.heads.nets import HeadsConfig, build
 from specdec.heads.train import eagle_loss, training_precision
+from specdec.machine import cpu_name
 from specdec.models import DEFAULT_TARGET, cache_root, ensure_converted, lookup
 
 

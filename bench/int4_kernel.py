@@ -22,9 +22,10 @@ from int4_runtime import held_out_ids, print_costs, print_nll  # bench/, beside 
 from torch import nn
 
 from specdec.backends.hf import HFModel
-from specdec.backends.int8 import RowInt8Linear, finish_int8_model
-from specdec.doctor import cpu_name
+from specdec.backends.quant.convert import finish_quantized_model as finish_int8_model
+from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.loading import load_backend
+from specdec.machine import cpu_name
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 

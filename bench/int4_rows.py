@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from specdec.backends import int4
-from specdec.doctor import cpu_name
+from specdec.backends.quant import int4, kernels
 from specdec.loading import load_backend
+from specdec.machine import cpu_name
 
 PASS_ROWS = (1, 4, 8, 16, 32)
 KERNEL_ROWS = (1, 2, 4, 6, 8, 9, 12, 16)
@@ -44,7 +44,7 @@ def pass_ms(backends: dict, repeats: int) -> dict[tuple[str, int], float]:
 
 
 def kernel_ms(model, path: int = -1) -> dict[int, float]:
-    ops = int4.kernel()
+    ops = kernels.kernel()
     head = model.get_output_embeddings()
     layers = [m for m in model.modules() if isinstance(m, int4.RowInt4Linear) and m is not head]
     samples: dict[int, list[float]] = {}
@@ -62,10 +62,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--path", default="best", choices=["best", *int4.PATH_BY_NAME])
+    parser.add_argument("--path", default="best", choices=["best", *kernels.PATH_BY_NAME])
     args = parser.parse_args()
     if args.path != "best":  # read by every int4 layer as it is built
-        os.environ[int4.PATH_VARIABLE] = args.path
+        os.environ[kernels.PATH_VARIABLE] = args.path
     backends = {runtime: load_backend(args.model, runtime) for runtime in ("int4", "int8")}
     print(
         f"CPU: {cpu_name()}; python bench/int4_rows.py --repeats {args.repeats} --path {args.path}"
@@ -74,7 +74,7 @@ def main() -> None:
     for rows in PASS_ROWS:
         cells = ", ".join(f"{name} {passes[(name, rows)]:.1f} ms" for name in backends)
         print(f"pass of {rows} rows after 128 cached: {cells}")
-    linears = kernel_ms(backends["int4"].model, int4.pinned_path())
+    linears = kernel_ms(backends["int4"].model, kernels.pinned_path())
     cells = ", ".join(f"{rows} rows {ms:.1f} ms" for rows, ms in linears.items())
     print(f"int4 linears without the output layer: {cells}")
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.doctor import cpu_name
 from specdec.loading import load_backend
+from specdec.machine import cpu_name
 
 SIZES = (2, 3, 4, 5, 6, 8, 9)
 
@@ -77,16 +77,16 @@ def int4_with_int8_head(model_name: str):
     """The int4 runtime with its output layer in int8 instead (not cached)."""
     from transformers import AutoModelForCausalLM
 
-    from specdec.backends import int4
     from specdec.backends.hf import HFModel
-    from specdec.backends.int8 import RowInt8Linear
+    from specdec.backends.quant import convert
+    from specdec.backends.quant.int8 import RowInt8Linear
     from specdec.models import cache_root, ensure_converted, lookup
 
     directory = ensure_converted(lookup(model_name), cache_root(None))
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     head = model.get_output_embeddings()
     model.lm_head = RowInt8Linear(head)
-    int4.make_int4_batch_invariant(model)
+    convert.make_int4_batch_invariant(model)
     return HFModel(model)
 
 

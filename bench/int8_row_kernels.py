@@ -26,10 +26,10 @@ from unittest import mock
 import torch
 from int4_runtime import held_out_ids, print_costs, print_nll
 
-from specdec.backends import int4
 from specdec.backends.batched import BatchedModel
-from specdec.doctor import cpu_name
+from specdec.backends.quant import convert, kernels
 from specdec.loading import load_backend
+from specdec.machine import cpu_name
 
 
 def batched_pass_ms(model, ids: list[int], sequences: int, repeats: int) -> list[float]:
@@ -56,9 +56,9 @@ def main() -> int:
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     print(f"CPU: {cpu_name()}; python bench/int8_row_kernels.py {' '.join(sys.argv[1:])}")
     rows = load_backend(args.model, "int8")
-    with mock.patch.object(int4, "kernel_or_none", return_value=None):  # as without a compiler
+    with mock.patch.object(kernels, "kernel_or_none", return_value=None):  # as without a compiler
         forms = load_backend(args.model, "int8")
-    assert int4.uses_row_kernels(rows.model) and not int4.uses_row_kernels(forms.model)
+    assert convert.uses_row_kernels(rows.model) and not convert.uses_row_kernels(forms.model)
     backends = {"int8, torch forms": forms, "int8, row kernels": rows}
     ids = held_out_ids(rows.tokenizer)
     for name, backend in backends.items():

@@ -28,10 +28,10 @@ from importlib import resources
 from typing import Any
 
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.doctor import cpu_name
 from specdec.drafters import ModelDrafter
 from specdec.heads import load as heads_load
 from specdec.loading import load_backend
+from specdec.machine import cpu_name
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelError
 from specdec.prompting import encode_prompt
 

@@ -35,7 +35,7 @@ from openai import OpenAI
 from serving import stop, wait_ready  # bench/serving.py, beside this script
 
 from specdec.bench.harness import PromptItem, load_workloads
-from specdec.doctor import cpu_name
+from specdec.machine import cpu_name
 
 PORT = 8791
 MODEL = "qwen2.5-coder-1.5b-instruct"

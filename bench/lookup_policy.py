@@ -31,9 +31,9 @@ import specdec.engine as engine_module
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.bench.harness import load_workloads
 from specdec.controller import TRUSTED_AFTER, AdaptiveK
-from specdec.doctor import cpu_name
 from specdec.drafters import PromptLookupDrafter
 from specdec.loading import load_backend
+from specdec.machine import cpu_name
 from specdec.prompting import encode_prompt
 
 TARGET = "qwen2.5-coder-1.5b-instruct"

@@ -24,7 +24,7 @@ from pathlib import Path
 from openai import OpenAI
 from serving import stop, wait_ready  # bench/serving.py, beside this script
 
-from specdec.doctor import cpu_name
+from specdec.machine import cpu_name
 
 PORT = 8790
 CONFIGS = {

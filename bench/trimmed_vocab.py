@@ -22,9 +22,9 @@ from importlib import resources
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends.hf import HFModel
 from specdec.backends.trim import trim_output_layer
-from specdec.doctor import cpu_name
 from specdec.drafters import ModelDrafter
 from specdec.loading import load_backend
+from specdec.machine import cpu_name
 from specdec.prompting import encode_prompt
 from specdec.vocab import load
 

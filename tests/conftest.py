@@ -23,11 +23,11 @@ def draft_model(target_model):
 def fresh_int4_check():
     """The CLI asks once per process whether the int4 kernel builds; tests that pretend it
     does or does not must not see another test's answer."""
-    from specdec import cli
+    from specdec import runtime as choosing
 
-    cli._int4_builds.cache_clear()
+    choosing._int4_builds.cache_clear()
     yield
-    cli._int4_builds.cache_clear()
+    choosing._int4_builds.cache_clear()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import torch
 from helpers import backend, perturbed_copy, random_ids, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends.batched import BatchedModel, supports
-from specdec.backends.int8 import make_int8_batch_invariant
+from specdec.backends.quant.convert import make_int8_batch_invariant
 from specdec.doctor import real_size_int8_model
 from specdec.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.drafters.base import Drafter, Proposal
@@ -23,7 +23,7 @@ def quantized_model(request, int8_model):
     """Each batch-invariant runtime: int8 and int4."""
     if request.param == "int8":
         return int8_model
-    from specdec.backends.int4 import make_int4_batch_invariant
+    from specdec.backends.quant.convert import make_int4_batch_invariant
 
     return make_int4_batch_invariant(tiny_llama(seed=0))
 
@@ -118,7 +118,7 @@ def test_a_finished_sequence_stays_a_donor_for_a_while(int8_model):
 def real_size_quantized_model(request):
     if request.param == "int8":
         return real_size_int8_model()
-    from specdec.backends.int4 import make_int4_batch_invariant
+    from specdec.backends.quant.convert import make_int4_batch_invariant
     from specdec.doctor import real_size_model
 
     return make_int4_batch_invariant(real_size_model())

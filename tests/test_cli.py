@@ -357,11 +357,13 @@ def test_draft_runtime_auto_uses_llamacpp_only_when_its_self_test_passes(
 ):
     import importlib.util
 
-    from specdec import cli, models
-    from specdec.backends import int4, probe, runtime_choice
+    from specdec import models
+    from specdec.backends import probe, runtime_choice
+    from specdec.backends.quant import kernels
     from specdec.runtime import Runtime
+    from specdec.runtime import choose_draft_runtime as choose_draft
 
-    monkeypatch.setattr(int4, "kernel", lambda: None)  # int4 builds: a candidate too
+    monkeypatch.setattr(kernels, "kernel", lambda: None)  # int4 builds: a candidate too
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # "installed"
     monkeypatch.setattr(models, "ensure_gguf", lambda entry, root, *rest: tmp_path / "d.gguf")
     verdict = probe.ProbeResult(probe_ok, "ok" if probe_ok else "llama.cpp crashed with SIGILL")
@@ -369,19 +371,19 @@ def test_draft_runtime_auto_uses_llamacpp_only_when_its_self_test_passes(
     measured = {"int8": 21.0, "int4": 15.0, "llamacpp:q4_0": 11.0}  # ms a step, as if timed
     monkeypatch.setattr(Runtime, "load", lambda self, spec, cache_dir, progress: self.name)
     monkeypatch.setattr(runtime_choice, "step_ms", lambda loaded: measured[loaded])
-    chosen = cli.draft_runtime("auto", "qwen2.5-coder-0.5b-instruct", str(tmp_path))
+    chosen = choose_draft("auto", "qwen2.5-coder-0.5b-instruct", str(tmp_path))
     assert chosen == ("llamacpp:q4_0" if probe_ok else "int4")
     err = capsys.readouterr().err
     if probe_ok:  # measured once, said once
         assert "draft runtime auto -> llamacpp:q4_0" in err and err.count("\n") == 1
-        assert cli.draft_runtime("auto", "qwen2.5-coder-0.5b-instruct", str(tmp_path)) == chosen
+        assert choose_draft("auto", "qwen2.5-coder-0.5b-instruct", str(tmp_path)) == chosen
         assert capsys.readouterr().err == ""
     else:  # llama.cpp left out, the transformers runtimes still measured
         assert "SIGILL" in err and "draft runtime auto -> int4" in err and err.count("\n") == 2
     # a directory: no GGUF for llama.cpp, int8 and int4 measured
-    assert cli.draft_runtime("auto", "/models/my-draft", str(tmp_path)) == "int4"
-    assert cli.draft_runtime("auto", "/models/my-draft", dtype="int8") == "int8"  # as given
-    assert cli.draft_runtime("transformers", "qwen2.5-coder-0.5b-instruct") == "transformers"
+    assert choose_draft("auto", "/models/my-draft", str(tmp_path)) == "int4"
+    assert choose_draft("auto", "/models/my-draft", dtype="int8") == "int8"  # as given
+    assert choose_draft("transformers", "qwen2.5-coder-0.5b-instruct") == "transformers"
 
 
 def test_a_seeded_sampled_run_reproduces_and_compares_identical(model_dirs, capsys):
@@ -418,7 +420,7 @@ def test_one_runtime_value_or_the_older_spelling_give_the_same_run(model_dirs, c
 
 def test_serve_takes_a_runtime_per_model(model_dirs):
     """serve --target-runtime/--draft-runtime: the runtime values every command takes."""
-    from specdec.backends.int8 import RowInt8Linear
+    from specdec.backends.quant.int8 import RowInt8Linear
     from specdec.cli import _server_config, build_parser
     from specdec.server.setup import build_scheduler
 
@@ -447,11 +449,13 @@ def test_the_draft_keeps_the_targets_runtime_when_nearly_as_fast(
     an int4 target; more than 5% slower, the fastest wins."""
     import importlib.util
 
-    from specdec import cli, models
-    from specdec.backends import int4, probe, runtime_choice
+    from specdec import models
+    from specdec.backends import probe, runtime_choice
+    from specdec.backends.quant import kernels
     from specdec.runtime import Runtime
+    from specdec.runtime import choose_draft_runtime as choose_draft
 
-    monkeypatch.setattr(int4, "kernel", lambda: None)
+    monkeypatch.setattr(kernels, "kernel", lambda: None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(models, "ensure_gguf", lambda entry, root, *rest: tmp_path / "d.gguf")
     monkeypatch.setattr(probe, "llamacpp_works", lambda gguf, f: probe.ProbeResult(True, "ok"))
@@ -459,15 +463,13 @@ def test_the_draft_keeps_the_targets_runtime_when_nearly_as_fast(
     monkeypatch.setattr(Runtime, "load", lambda self, spec, cache_dir, progress: self.name)
     monkeypatch.setattr(runtime_choice, "step_ms", lambda loaded: measured[loaded])
     draft = "qwen2.5-coder-0.5b-instruct"
-    chosen = cli.draft_runtime("auto", draft, str(tmp_path), target_runtime="int4")
+    chosen = choose_draft("auto", draft, str(tmp_path), target_runtime="int4")
     assert chosen == expected
     err = capsys.readouterr().err
     assert f"draft runtime auto -> {expected}" in err
     assert ("the target's own int4 is within 5%" in err) == (expected == "int4")
     # the same cached verdict beside an int8 target: the fastest, llama.cpp
-    assert cli.draft_runtime("auto", draft, str(tmp_path), target_runtime="int8") == (
-        "llamacpp:q4_0"
-    )
+    assert choose_draft("auto", draft, str(tmp_path), target_runtime="int8") == ("llamacpp:q4_0")
 
 
 def test_progress_lines_time_each_step_and_show_a_step_run_again(monkeypatch, capsys):
@@ -476,11 +478,11 @@ def test_progress_lines_time_each_step_and_show_a_step_run_again(monkeypatch, ca
     training of a later 'heads make' phase) is shown again, timed from its new start."""
     import time
 
-    from specdec import cli_output
+    from specdec import progress
 
     clock = iter([100.0, 103.0, 110.0, 500.0, 507.0])
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
-    update = cli_output._progress_lines()
+    update = progress.progress_lines()
     for done, total in [(0, 10), (5, 10), (10, 10), (0, 4), (4, 4)]:
         update("training (seconds)", done, total)
     assert capsys.readouterr().err.splitlines() == [

@@ -243,7 +243,7 @@ def test_the_engine_check_catches_a_wrong_distribution(pair, prompt, make_drafte
 def int8_pair(pair):
     import copy
 
-    from specdec.backends.int8 import make_int8_batch_invariant
+    from specdec.backends.quant.convert import make_int8_batch_invariant
 
     return tuple(make_int8_batch_invariant(copy.deepcopy(model)) for model in pair)
 

@@ -11,7 +11,7 @@ import torch
 
 from helpers import EOS_ID, VOCAB, backend, tiny_heads, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.backends.int8 import make_int8_batch_invariant
+from specdec.backends.quant.convert import make_int8_batch_invariant
 from specdec.cli import main
 from specdec.heads import store
 from specdec.heads.fingerprint import target_fingerprint
@@ -421,9 +421,14 @@ def test_eagle_beside_an_int4_or_int8_target_runs_on_int4_and_stays_exact(
     decoding on the target's runtime, every k."""
     import copy
 
-    from specdec.backends import int4
-    from specdec.backends.int4 import RowInt4Linear, make_int4_batch_invariant, uses_row_kernels
-    from specdec.backends.int8 import RowInt8Linear, make_int8_batch_invariant
+    from specdec.backends.quant import kernels
+    from specdec.backends.quant.convert import (
+        make_int4_batch_invariant,
+        make_int8_batch_invariant,
+        uses_row_kernels,
+    )
+    from specdec.backends.quant.int4 import RowInt4Linear
+    from specdec.backends.quant.int8 import RowInt8Linear
 
     heads, _ = trained["eagle"]
     make = make_int4_batch_invariant if runtime == "int4" else make_int8_batch_invariant
@@ -439,7 +444,7 @@ def test_eagle_beside_an_int4_or_int8_target_runs_on_int4_and_stays_exact(
     )
     if runtime == "int8":
         with monkeypatch.context() as patch:
-            patch.setattr(int4, "kernel_or_none", lambda: None)  # no compiler here
+            patch.setattr(kernels, "kernel_or_none", lambda: None)  # no compiler here
             without = load_heads("eagle", target, str(tmp_path), "tiny-quantized")
         assert isinstance(without.net.fc, torch.nn.Linear)
         assert not uses_row_kernels(without.net.body)
@@ -471,7 +476,7 @@ def test_eagle_on_int4_runs_its_layer_on_the_stack_with_transformers_bits(
     forward over the same layer, bit for bit."""
     import copy
 
-    from specdec.backends.int4 import make_int4_batch_invariant
+    from specdec.backends.quant.convert import make_int4_batch_invariant
 
     heads, _ = trained["eagle"]
     quantized = make_int4_batch_invariant(copy.deepcopy(target_model))
@@ -603,7 +608,7 @@ def test_heads_dtype_defaults_to_the_runtime_generate_chooses(
 ):
     """Without --dtype the heads commands run the target on the runtime 'specdec generate'
     picks for it here (target runtime auto), so the features are the ones drafting reads."""
-    import specdec.cli
+    import specdec.runtime
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     asked = []
@@ -612,7 +617,7 @@ def test_heads_dtype_defaults_to_the_runtime_generate_chooses(
         asked.append((choice, target, dtype))
         return "bfloat16"
 
-    monkeypatch.setattr(specdec.cli, "target_runtime", chosen)
+    monkeypatch.setattr(specdec.runtime, "choose_target_runtime", chosen)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("the cat sat on the mat.\n" * 40)
@@ -678,14 +683,14 @@ def test_a_budget_too_small_to_train_is_one_line_and_loses_nothing(
 def test_heads_arguments_are_checked_before_the_target_loads(tmp_path, capsys, monkeypatch):
     """A bad value of a subcommand's own argument is one line at once, not after the
     seconds a target takes to load (and to be timed, for --dtype auto)."""
-    import specdec.cli
     import specdec.loading
+    import specdec.runtime
 
     def never(*args, **kwargs):
         raise AssertionError("the target was loaded before the arguments were checked")
 
     monkeypatch.setattr(specdec.loading, "load_backend", never)
-    monkeypatch.setattr(specdec.cli, "target_runtime", never)
+    monkeypatch.setattr(specdec.runtime, "choose_target_runtime", never)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     cases = [
         (["heads", "data", "--length", "8"], "--length must be >= 16"),
@@ -802,8 +807,9 @@ def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, train
     """An int4 step costs about half an int8 one, so c and v (and the predictions) differ
     by runtime: an int4 target goes by evaluations made with an int4 target, and by the
     int8 ones (saying so) only where no heads were evaluated with int4."""
-    from specdec.backends.int4 import make_int4_batch_invariant
-    from specdec.heads.load import auto_recipe, target_runtime
+    from specdec.backends.quant.convert import make_int4_batch_invariant
+    from specdec.heads.load import auto_recipe
+    from specdec.runtime import model_runtime as target_runtime
 
     model = make_int4_batch_invariant(tiny_llama(seed=0))
     assert target_runtime(model) == "int4"

@@ -12,8 +12,7 @@ import torch
 
 from helpers import backend, tiny_llama
 from specdec import Engine, SamplingParams
-from specdec.backends.int4 import make_int4_batch_invariant
-from specdec.backends.int8 import make_int8_batch_invariant
+from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
 from specdec.cli import main
 from specdec.heads.chat_prompts import builtin_prompts
 from specdec.heads.data import replies

@@ -10,8 +10,10 @@ from torch import nn
 
 from helpers import backend, char_tokenizer, perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.backends import int4, int8_cache
-from specdec.backends.int4 import RowInt4Linear, make_int4_batch_invariant
+from specdec.backends.quant import int4, kernels
+from specdec.backends.quant import store as int8_cache
+from specdec.backends.quant.convert import make_int4_batch_invariant
+from specdec.backends.quant.int4 import RowInt4Linear
 from specdec.drafters import ModelDrafter
 from specdec.loading import load_hf
 
@@ -98,7 +100,7 @@ def test_a_nan_or_infinity_reaches_that_rows_outputs_only():
 
 
 def available_paths() -> list[int]:
-    return list(range(int4.best_path() + 1))
+    return list(range(kernels.best_path() + 1))
 
 
 def vector_paths() -> list[int]:
@@ -144,7 +146,7 @@ def test_a_path_this_cpu_lacks_is_refused():
 def test_the_environment_pins_the_path_new_layers_run(monkeypatch):
     """$SPECDEC_INT4_PATH runs a whole program on one code path (to measure what a CPU
     without AVX-512 would do); unset, each layer takes the best; a wrong name is refused."""
-    int4.kernel()  # the process's build is the one loaded first: the usual one here
+    kernels.kernel()  # the process's build is the one loaded first: the usual one here
     linear = random_linear(48, 64, seed=8)
     assert RowInt4Linear(linear).path == -1
     monkeypatch.setenv("SPECDEC_INT4_PATH", "AVX2")
@@ -164,12 +166,12 @@ def test_the_environment_holds_the_row_operations_with_the_path(monkeypatch):
     unpinned or pinned to AVX-512, the usual build; a wrong name leaves the build alone (the
     layers refuse it)."""
     monkeypatch.delenv("SPECDEC_INT4_PATH", raising=False)
-    assert int4.held_build() == ""
+    assert kernels.held_build() == ""
     expected = {"avx2": "_avx2", "scalar": "_baseline", "avx512": "", "sse": ""}
     for name, build in expected.items():
         monkeypatch.setenv("SPECDEC_INT4_PATH", name)
-        assert int4.held_build() == build
-        assert build in int4.BUILDS
+        assert kernels.held_build() == build
+        assert build in kernels.BUILDS
 
 
 @pytest.fixture(scope="module")
@@ -292,9 +294,10 @@ def test_a_failed_build_is_one_clear_error(monkeypatch, tmp_path):
         raise RuntimeError("Error building extension 'specdec_int4'\ng++: not found")
 
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    monkeypatch.setattr(int4, "kernel_dir", lambda: tmp_path)
-    with pytest.raises(int4.KernelUnavailable, match="g\\+\\+: not found.*--target-runtime int8"):
-        int4._build()
+    monkeypatch.setattr(kernels, "kernel_dir", lambda: tmp_path)
+    refused = "g\\+\\+: not found.*--target-runtime int8"
+    with pytest.raises(kernels.KernelUnavailable, match=refused):
+        kernels._build()
 
 
 def test_a_failed_build_is_tried_once_and_said_once(monkeypatch, tmp_path, capsys):
@@ -309,12 +312,12 @@ def test_a_failed_build_is_tried_once_and_said_once(monkeypatch, tmp_path, capsy
         raise RuntimeError("Error building extension 'specdec_int4'\ng++: not found")
 
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    monkeypatch.setattr(int4, "kernel_dir", lambda: tmp_path)
-    monkeypatch.setattr(int4, "_kernel", None)
-    monkeypatch.setattr(int4, "_failed", None)
-    assert int4.kernel_or_none() is None and int4.kernel_or_none() is None
-    with pytest.raises(int4.KernelUnavailable, match="g\\+\\+: not found"):
-        int4.kernel()
+    monkeypatch.setattr(kernels, "kernel_dir", lambda: tmp_path)
+    monkeypatch.setattr(kernels, "_kernel", None)
+    monkeypatch.setattr(kernels, "_failed", None)
+    assert kernels.kernel_or_none() is None and kernels.kernel_or_none() is None
+    with pytest.raises(kernels.KernelUnavailable, match="g\\+\\+: not found"):
+        kernels.kernel()
     assert len(builds) == 1
     err = capsys.readouterr().err
     assert err.count("compiling specdec's int4 kernel") == 1, err
@@ -333,11 +336,11 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next(monkeypatc
         return "kernel"
 
     monkeypatch.setattr(cpp_extension, "load", load)
-    monkeypatch.setattr(int4, "kernel_dir", lambda: tmp_path)
-    leftover = tmp_path / int4.kernel_name() / "lock"
+    monkeypatch.setattr(kernels, "kernel_dir", lambda: tmp_path)
+    leftover = tmp_path / kernels.kernel_name() / "lock"
     leftover.parent.mkdir(parents=True)
     leftover.touch()
-    assert int4._build() == "kernel"
+    assert kernels._build() == "kernel"
     assert seen == [False]
 
 
@@ -345,9 +348,9 @@ def test_the_cli_says_so_in_one_line(monkeypatch, tmp_path, capsys):
     from specdec.cli import main
 
     def unavailable():
-        raise int4.KernelUnavailable("the int4 kernel did not build (no compiler)")
+        raise kernels.KernelUnavailable("the int4 kernel did not build (no compiler)")
 
-    monkeypatch.setattr(int4, "kernel", unavailable)
+    monkeypatch.setattr(kernels, "kernel", unavailable)
     model_dir = tmp_path / "tiny"
     tiny_llama(seed=0).save_pretrained(model_dir)
     char_tokenizer().save_pretrained(model_dir)
@@ -362,5 +365,5 @@ def test_doctor_checks_the_int4_runtime_too(capsys):
 
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    assert f"int4 runtime: kernel built, {int4.PATHS[int4.best_path()]} path" in out
+    assert f"int4 runtime: kernel built, {kernels.PATHS[kernels.best_path()]} path" in out
     assert out.count("8 threads: ok") == 2  # int8 and int4

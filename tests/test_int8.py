@@ -6,8 +6,10 @@ from torch import nn
 
 from helpers import backend, perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.backends import int8
-from specdec.backends.int8 import RowInt8Linear, make_int8_batch_invariant
+from specdec.backends.quant import fused, int8, kernels
+from specdec.backends.quant import rows as row_ops
+from specdec.backends.quant.convert import make_int8_batch_invariant
+from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.doctor import real_size_model
 from specdec.drafters import ModelDrafter
 
@@ -41,10 +43,9 @@ def test_tall_weights_are_split_into_pieces(monkeypatch):
 
 def _unfused(model, monkeypatch):
     """``model`` on the int8 runtime without the fused projections."""
-    from specdec.backends import int8_fused
 
     with monkeypatch.context() as patch:
-        patch.setattr(int8_fused, "fuse_projections", lambda m: m)
+        patch.setattr(fused, "fuse_projections", lambda m: m)
         return make_int8_batch_invariant(model)
 
 
@@ -54,11 +55,10 @@ def _unfused(model, monkeypatch):
     ids=["tiny llama", "qwen2 at the 1.5B's layer sizes"],
 )
 def test_fused_projections_give_the_separate_layers_logits_bit_for_bit(build, monkeypatch):
-    from specdec.backends import int4
-    from specdec.backends.int8_fused import FusedAttention, FusedMLP
+    from specdec.backends.quant.fused import FusedAttention, FusedMLP
 
     # The row kernels take fused layers only: compared on the torch forms both can run.
-    monkeypatch.setattr(int4, "kernel_or_none", lambda: None)
+    monkeypatch.setattr(kernels, "kernel_or_none", lambda: None)
     fused = make_int8_batch_invariant(build())
     kinds = {type(module) for module in fused.modules()}
     assert FusedAttention in kinds and FusedMLP in kinds
@@ -120,7 +120,7 @@ def test_token_by_token_ops_match_one_token_steps_at_every_thread_count(threads,
         (nn.SiLU(), torch.randn(1, rows, 1000, generator=generator) * 3.0),  # not 64-wide
     ]
     for inner, x in cases:
-        wrapped = int8.TokenByToken(inner)
+        wrapped = row_ops.TokenByToken(inner)
         for count in THREADS:
             torch.set_num_threads(count)
             steps = torch.cat([inner(x[:, i : i + 1]) for i in range(rows)], dim=1)
@@ -131,14 +131,14 @@ def test_token_by_token_ops_match_one_token_steps_at_every_thread_count(threads,
 def real_size_model(request):
     """The int8 runtime as it runs where the int4 kernel builds (its row operations) and
     where it does not (the torch forms above)."""
-    from specdec.backends import int4
+    from specdec.backends.quant import convert
     from specdec.doctor import real_size_int8_model
 
     with pytest.MonkeyPatch.context() as patch:
         if request.param == "torch forms":
-            patch.setattr(int4, "kernel_or_none", lambda: None)
+            patch.setattr(kernels, "kernel_or_none", lambda: None)
         model = real_size_int8_model()
-    assert int4.uses_row_kernels(model) == (request.param == "row kernels")
+    assert convert.uses_row_kernels(model) == (request.param == "row kernels")
     return model
 
 

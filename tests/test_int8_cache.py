@@ -9,7 +9,7 @@ import torch
 
 from helpers import perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.backends import int8_cache
+from specdec.backends.quant import store as int8_cache
 from specdec.drafters import ModelDrafter
 from specdec.loading import load_hf
 

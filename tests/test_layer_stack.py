@@ -5,11 +5,10 @@ import pytest
 import torch
 
 from helpers import random_ids, tiny_llama
-from specdec.backends import int4
 from specdec.backends.batched import BatchedModel
-from specdec.backends.int4 import make_int4_batch_invariant
-from specdec.backends.int8 import make_int8_batch_invariant
 from specdec.backends.layer_stack import LayerStack
+from specdec.backends.quant import int4, kernels
+from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
 from specdec.doctor import real_size_model
 
 
@@ -68,11 +67,11 @@ def test_the_stack_follows_a_pinned_path(path):
     """A path pinned on a loaded model's products (as ``--int4-path`` does) is the one the
     stack runs: the same bits as the loop on that path."""
     model = make_int4_batch_invariant(tiny_llama(seed=1))
-    if int4.best_path() < int4.PATH_BY_NAME[path]:
+    if kernels.best_path() < kernels.PATH_BY_NAME[path]:
         pytest.skip(f"this CPU has no {path} path")
     for module in model.modules():
         if isinstance(module, int4.RowInt4Linear):
-            module.path = int4.PATH_BY_NAME[path]
+            module.path = kernels.PATH_BY_NAME[path]
     replay(model, vocab=20)
 
 

@@ -86,11 +86,12 @@ def test_an_unreadable_runtime_choice_cache_is_measured_again(tmp_path):
 
 
 def test_the_target_is_chosen_by_its_verify_pass_and_cached(tmp_path, monkeypatch, capsys):
-    from specdec import cli
-    from specdec.backends import int4, runtime_choice
+    from specdec.backends import runtime_choice
+    from specdec.backends.quant import kernels
     from specdec.runtime import Runtime
+    from specdec.runtime import choose_target_runtime as choose_target
 
-    monkeypatch.setattr(int4, "kernel", lambda: None)  # "it builds"
+    monkeypatch.setattr(kernels, "kernel", lambda: None)  # "it builds"
     monkeypatch.setattr(Runtime, "load", lambda self, spec, cache_dir, progress: self.name)
     timed = []
 
@@ -101,33 +102,33 @@ def test_the_target_is_chosen_by_its_verify_pass_and_cached(tmp_path, monkeypatc
     monkeypatch.setattr(runtime_choice, "step_ms", pass_ms)
     target = tmp_path / "t"
     target.mkdir()
-    assert cli.target_runtime("auto", str(target), str(tmp_path)) == "int4"
+    assert choose_target("auto", str(target), str(tmp_path)) == "int4"
     assert timed == [("int8", 5), ("int4", 5)]  # a k = 4 verify pass on each
     err = capsys.readouterr().err
     assert "target runtime auto -> int4" in err and "5-token pass" in err and "int8 52.0" in err
-    assert cli.target_runtime("auto", str(target), str(tmp_path)) == "int4" and len(timed) == 2
+    assert choose_target("auto", str(target), str(tmp_path)) == "int4" and len(timed) == 2
     assert capsys.readouterr().err == ""  # from the cache, silently
     # a draft's verdict for the same model is another entry
     (draft,) = [c for c in runtime_choice.cached_choices(tmp_path) if c.role == "target"]
     assert draft.runtime == "int4"
     # given choices are kept; --dtype given means no measuring
-    assert cli.target_runtime("llamacpp:q4_k_m", str(target), str(tmp_path)) == "llamacpp:q4_k_m"
-    assert cli.target_runtime("auto", str(target), str(tmp_path), dtype="float32") == "float32"
+    assert choose_target("llamacpp:q4_k_m", str(target), str(tmp_path)) == "llamacpp:q4_k_m"
+    assert choose_target("auto", str(target), str(tmp_path), dtype="float32") == "float32"
     # a target that is neither a catalog model nor a directory: loading it will say so
-    assert cli.target_runtime("auto", str(tmp_path / "missing"), str(tmp_path)) == "int8"
+    assert choose_target("auto", str(tmp_path / "missing"), str(tmp_path)) == "int8"
     assert len(timed) == 2
 
 
 def test_without_the_int4_kernel_auto_is_int8_with_a_line(tmp_path, monkeypatch, capsys):
-    from specdec import cli
-    from specdec.backends import int4
+    from specdec.backends.quant import kernels
+    from specdec.runtime import choose_target_runtime as choose_target
 
     def unavailable():
-        raise int4.KernelUnavailable("the int4 kernel did not build (no compiler)")
+        raise kernels.KernelUnavailable("the int4 kernel did not build (no compiler)")
 
-    monkeypatch.setattr(int4, "kernel", unavailable)
-    monkeypatch.setattr(int4, "kernel_ready", lambda: True)
-    assert cli.target_runtime("auto", str(tmp_path), str(tmp_path)) == "int8"
+    monkeypatch.setattr(kernels, "kernel", unavailable)
+    monkeypatch.setattr(kernels, "kernel_ready", lambda: True)
+    assert choose_target("auto", str(tmp_path), str(tmp_path)) == "int8"
     assert "not considering int4: the int4 kernel did not build" in capsys.readouterr().err
 
 
@@ -143,22 +144,22 @@ def test_a_pass_is_timed_at_one_position_and_the_cache_left_empty():
 
 
 def test_the_first_compile_is_said_once(monkeypatch, capsys):
-    from specdec import cli
-    from specdec.backends import int4
+    from specdec import runtime as choosing
+    from specdec.backends.quant import kernels
 
-    monkeypatch.setattr(int4, "kernel_ready", lambda: False)
-    monkeypatch.setattr(int4, "kernel", lambda: None)
-    assert cli.transformers_candidates(None) == ["int8", "int4"]
-    assert cli.transformers_candidates(None) == ["int8", "int4"]  # target, then draft
-    assert cli.transformers_candidates("bfloat16") == ["bfloat16"]
+    monkeypatch.setattr(kernels, "kernel_ready", lambda: False)
+    monkeypatch.setattr(kernels, "kernel", lambda: None)
+    assert choosing.transformers_candidates(None) == ["int8", "int4"]
+    assert choosing.transformers_candidates(None) == ["int8", "int4"]  # target, then draft
+    assert choosing.transformers_candidates("bfloat16") == ["bfloat16"]
     assert capsys.readouterr().err.count("compiling specdec's int4 kernel") == 1
 
 
 def test_the_kernel_lives_apart_from_the_model_cache(monkeypatch, tmp_path):
-    from specdec.backends import int4
+    from specdec.backends.quant import kernels
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "models"))
     monkeypatch.delenv("SPECDEC_KERNELS", raising=False)
-    assert int4.kernel_dir() == Path.home() / ".cache" / "specdec" / "kernels"
+    assert kernels.kernel_dir() == Path.home() / ".cache" / "specdec" / "kernels"
     monkeypatch.setenv("SPECDEC_KERNELS", str(tmp_path / "k"))
-    assert int4.kernel_dir() == tmp_path / "k"
+    assert kernels.kernel_dir() == tmp_path / "k"

@@ -19,8 +19,7 @@ PROMPT = [7, 1, 30, 12, 4, 4, 9]
 
 @pytest.fixture(scope="module", params=["int8", "int4"])
 def pair(request):
-    from specdec.backends.int4 import make_int4_batch_invariant
-    from specdec.backends.int8 import make_int8_batch_invariant
+    from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
 
     make = make_int8_batch_invariant if request.param == "int8" else make_int4_batch_invariant
     target = tiny_llama(seed=0)

@@ -7,17 +7,17 @@ import pytest
 import torch
 
 from helpers import tiny_llama
-from specdec.backends import int4
 from specdec.backends.hf import HFModel
-from specdec.backends.int4 import make_int4_batch_invariant, uses_row_kernels
 from specdec.backends.kv_buffer import MIN_CAPACITY, KVBuffer
+from specdec.backends.quant import int4, kernels
+from specdec.backends.quant.convert import make_int4_batch_invariant, uses_row_kernels
 
 THREADS = [1, 2, 3, 4, 8]
 
 
 @pytest.fixture(scope="module")
 def ops():
-    return int4.kernel()
+    return kernels.kernel()
 
 
 def randn(*shape, seed: int, scale: float = 1.0) -> torch.Tensor:
@@ -133,7 +133,7 @@ def test_a_batch_through_transformers_forward_gives_each_sequence_as_alone(runti
     """Calling the model as transformers does, on a batch of equal-length sequences (the
     statistical tests compute exact marginals so): every sequence's logits, bit for bit,
     are those it gets alone."""
-    from specdec.backends.int8 import make_int8_batch_invariant
+    from specdec.backends.quant.convert import make_int8_batch_invariant
 
     make = make_int8_batch_invariant if runtime == "int8" else make_int4_batch_invariant
     model = make(tiny_llama(seed=0))
@@ -146,10 +146,10 @@ def test_a_batch_through_transformers_forward_gives_each_sequence_as_alone(runti
 
 
 def test_the_int8_model_runs_its_rows_in_the_kernel_where_it_builds(monkeypatch):
-    from specdec.backends.int8 import make_int8_batch_invariant
+    from specdec.backends.quant.convert import make_int8_batch_invariant
 
     assert uses_row_kernels(make_int8_batch_invariant(tiny_llama(seed=0)))
-    monkeypatch.setattr(int4, "kernel_or_none", lambda: None)  # no compiler: the torch forms
+    monkeypatch.setattr(kernels, "kernel_or_none", lambda: None)  # no compiler: the torch forms
     model = make_int8_batch_invariant(tiny_llama(seed=0))
     assert not uses_row_kernels(model)
     assert HFModel(model)._lean is None
@@ -227,7 +227,7 @@ def test_the_clones_this_cpu_runs_give_the_narrower_builds_bits(ops, threads, bu
     ``SPECDEC_INT4_PATH=avx2`` loads) give the same bits at the 1.5B's sizes (norm, gated
     product, rotary mix, attention, and the int4 product's activation quantizer), so another
     kind of CPU computes the same numbers."""
-    baseline = int4.built(build)
+    baseline = kernels.built(build)
     torch.set_num_threads(2)
     x, weight = randn(5, 1536, seed=20, scale=3.0), randn(1536, seed=21)
     assert torch.equal(ops.rms_norm(x, weight, 1e-6), baseline.rms_norm(x, weight, 1e-6))
@@ -245,7 +245,7 @@ def test_the_clones_this_cpu_runs_give_the_narrower_builds_bits(ops, threads, bu
     )
     layer = int4.RowInt4Linear(torch.nn.Linear(8960, 64))
     activations = randn(3, 8960, seed=28, scale=2.0)
-    for path in range(int4.best_path() + 1):
+    for path in range(kernels.best_path() + 1):
         assert torch.equal(
             ops.int4_linear(activations, layer.packed, layer.bias, path),
             baseline.int4_linear(activations, layer.packed, layer.bias, path),

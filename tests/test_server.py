@@ -15,7 +15,8 @@ import uvicorn
 
 from helpers import backend, char_tokenizer, perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.backends.int8 import RowInt8Linear, make_int8_batch_invariant
+from specdec.backends.quant.convert import make_int8_batch_invariant
+from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.drafters import ModelDrafter
 from specdec.server import Scheduler, create_app
 

@@ -9,8 +9,7 @@ import torch
 
 from helpers import VOCAB, backend, perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.backends.int4 import make_int4_batch_invariant
-from specdec.backends.int8 import make_int8_batch_invariant
+from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
 from specdec.backends.trim import trim_output_layer
 from specdec.cli import main
 from specdec.drafters import ModelDrafter

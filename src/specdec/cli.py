@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 from collections.abc import Callable
@@ -13,7 +12,13 @@ from specdec.heads import command as heads_command
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES, ModelError
 from specdec.prompting import encode_prompt, read_prompt_file
 from specdec.runtime import HELP as RUNTIME_HELP
-from specdec.runtime import TRANSFORMERS_DTYPES, parse_runtime, runtime_value
+from specdec.runtime import (
+    TRANSFORMERS_DTYPES,
+    choose_draft_runtime,
+    choose_target_runtime,
+    parse_runtime,
+    runtime_value,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -572,23 +577,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def trim_draft(draft, path: str) -> None:
-    """Restrict a transformers draft's output layer to a vocabulary file's tokens."""
-    from specdec import vocab
-    from specdec.backends.hf import HFModel
-    from specdec.backends.trim import trim_output_layer
-
-    if not isinstance(draft, HFModel):
-        raise UsageError("--draft-vocab needs a transformers draft (--draft-runtime transformers)")
-    trim_output_layer(draft.model, vocab.load(path, draft.vocab_size))
-
-
 def _doctor() -> int:
     import importlib.metadata
 
     import torch
 
-    from specdec import doctor
+    from specdec import doctor, machine
 
     def version(package: str) -> str:
         try:
@@ -597,7 +591,7 @@ def _doctor() -> int:
             return "not installed"
 
     out = sys.stdout
-    out.write(f"CPU: {doctor.cpu_name()} ({', '.join(doctor.cpu_flags()) or 'no AVX2'})\n")
+    out.write(f"CPU: {machine.cpu_name()} ({', '.join(machine.cpu_flags()) or 'no AVX2'})\n")
     out.write(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ")
     out.write(f"transformers {version('transformers')}; ")
     out.write(f"llama-cpp-python {version('llama-cpp-python')}\n")
@@ -608,27 +602,27 @@ def _doctor() -> int:
     out.write("--target-runtime/--draft-runtime auto, measured on this machine and builds:")
     out.write("".join(f"\n  {c.draft} -> {c.runtime} ({c.reason})" for c in choices) or " none yet")
     out.write("\n")
-    from specdec.backends import int4
+    from specdec.backends.quant import convert, kernels
 
     failed = False
     promised: dict[str, bool] = {}
     for name in ("int8", "int4"):
         if name == "int4":
             try:
-                path = int4.PATHS[int4.best_path()]
-                pinned = int4.pinned_path()
-            except int4.KernelUnavailable as error:
+                path = kernels.PATHS[kernels.best_path()]
+                pinned = kernels.pinned_path()
+            except kernels.KernelUnavailable as error:
                 out.write(f"int4 runtime: not available here: {error}\n")
                 break
             if pinned >= 0:
-                path += f"; {int4.PATH_VARIABLE} runs the {int4.PATHS[pinned]} one"
+                path += f"; {kernels.PATH_VARIABLE} runs the {kernels.PATHS[pinned]} one"
             out.write(f"int4 runtime: kernel built, {path} path\n")
-            model = int4.make_int4_batch_invariant(doctor.real_size_model())
+            model = convert.make_int4_batch_invariant(doctor.real_size_model())
         else:
             model = doctor.real_size_int8_model()
             form = (
                 "the int4 kernel's row operations"
-                if int4.uses_row_kernels(model)
+                if convert.uses_row_kernels(model)
                 else "torch's token-by-token forms (the int4 kernel did not build)"
             )
             out.write(f"int8 runtime: norms, activation, rotary and attention on {form}\n")
@@ -715,121 +709,9 @@ def drafter_kinds(recipe: str) -> list[str]:
         raise UsageError(f"--{error}") from None
 
 
-def transformers_candidates(dtype: str | None) -> list[str]:
-    """The transformers runtimes ``auto`` chooses among: ``dtype`` when the user gave one,
-    else int8 and, where its kernel builds, int4 (both bit-exact block == steps)."""
-    if dtype is not None:
-        return [dtype]
-    return ["int8", "int4"] if _int4_builds() else ["int8"]
-
-
-@functools.cache
-def _int4_builds() -> bool:
-    """Whether the int4 kernel builds here (compiled now if it is not yet: said in a line);
-    a failure is said once."""
-    from specdec.backends import int4
-
-    if not int4.kernel_ready():
-        sys.stderr.write("specdec: compiling specdec's int4 kernel (once, about 20 s)\n")
-    try:
-        int4.kernel()
-    except int4.KernelUnavailable as error:
-        sys.stderr.write(f"specdec: not considering int4: {error}\n")
-        return False
-    return True
-
-
-def target_runtime(
-    choice: str, target: str, cache_dir: str | None = None, progress=None, dtype=None
-) -> str:
-    """``auto``: ``dtype`` when given, else whichever of int8 and int4 scores a 5-token pass
-    faster on this machine, measured once per machine, build and target
-    (``backends.runtime_choice``). Other choices are returned as they are."""
-    if choice != "auto":
-        return choice
-    from specdec.backends import runtime_choice
-    from specdec.models import CATALOG, cache_root
-
-    if target not in CATALOG and not os.path.isdir(os.path.expanduser(target)):
-        return dtype or "int8"  # nothing to measure: loading it says what is wrong
-    candidates = transformers_candidates(dtype)
-    if len(candidates) == 1:
-        return candidates[0]
-
-    def measure(runtime: str) -> float:
-        loaded = parse_runtime(runtime).load(target, cache_dir, progress)
-        return runtime_choice.step_ms(loaded, tokens=runtime_choice.TARGET_PASS)
-
-    chosen, measured = runtime_choice.choose(
-        target, candidates, cache_root(cache_dir), measure, role="target"
-    )
-    if measured:
-        sys.stderr.write(f"specdec: target runtime auto -> {chosen.runtime} ({chosen.reason})\n")
-    return chosen.runtime
-
-
-SAME_RUNTIME_MARGIN = 1.05  # a draft step this close to the fastest keeps the target's runtime
-
-
-def draft_runtime(
-    choice: str,
-    draft: str,
-    cache_dir: str | None = None,
-    progress=None,
-    dtype: str | None = None,
-    target_runtime: str | None = None,
-) -> str:
-    """``auto``: the runtime the draft steps fastest on here among ``dtype`` (when given, else
-    int8 and int4) and, for a catalog draft with llama-cpp-python installed and passing its
-    self-test on this machine (``backends.probe``), llama.cpp Q4_0; measured once per machine
-    and build (``backends.runtime_choice``), with one line saying why when llama.cpp failed.
-    The target's own runtime is kept when its step is within ``SAME_RUNTIME_MARGIN`` of the
-    fastest: then draft and target share one thread pool (measured on the AVX-512 EPYC: an
-    int4 draft at 12.4 ms a step beat a llama.cpp one at 12.0 ms on all four workloads, 23 vs
-    24 ms a token on code, 32 vs 34 on chat). Other choices are returned as they are."""
-    if choice != "auto":
-        return choice
-    import importlib.util
-
-    from specdec.backends import runtime_choice
-    from specdec.models import CATALOG, cache_root, ensure_gguf, lookup
-
-    candidates = transformers_candidates(dtype)
-    root = cache_root(cache_dir)
-    if importlib.util.find_spec("llama_cpp") is not None and draft in CATALOG:
-        from specdec.backends.probe import REBUILD, llamacpp_works
-
-        gguf = ensure_gguf(lookup(draft), root, *([progress] if progress else []))
-        result = llamacpp_works(gguf, root / "llamacpp-probe.json")
-        if result.ok:
-            candidates.append("llamacpp:q4_0")
-        else:
-            sys.stderr.write(
-                f"specdec: not drafting on llama.cpp: {result.reason}; drafting on "
-                f"{' or '.join(candidates)} instead. A build that runs everywhere: {REBUILD}\n"
-            )
-    if len(candidates) == 1:
-        return candidates[0]
-
-    def measure(runtime: str) -> float:
-        return runtime_choice.step_ms(parse_runtime(runtime).load(draft, cache_dir, progress))
-
-    chosen, measured = runtime_choice.choose(draft, candidates, root, measure)
-    runtime, steps = chosen.runtime, chosen.step_ms
-    why = chosen.reason
-    if target_runtime in steps and steps[target_runtime] <= SAME_RUNTIME_MARGIN * steps[runtime]:
-        if target_runtime != runtime:
-            margin = round(100 * (SAME_RUNTIME_MARGIN - 1))
-            why += f"; the target's own {target_runtime} is within {margin}% of the fastest"
-        runtime = target_runtime
-    if measured:
-        sys.stderr.write(f"specdec: draft runtime auto -> {runtime} ({why})\n")
-    return runtime
-
-
 def _build_engine(args: argparse.Namespace, recipe: str):
     from specdec.backends.compat import check_same_vocabulary
-    from specdec.cli_output import progress_bar
+    from specdec.backends.trim import trim_to_vocabulary_file
     from specdec.drafters import (
         Drafter,
         ModelDrafter,
@@ -840,10 +722,11 @@ def _build_engine(args: argparse.Namespace, recipe: str):
     from specdec.drafters.recipe import build_drafter
     from specdec.engine import Engine
     from specdec.heads.load import load_drafter
+    from specdec.progress import progress_bar
 
     with progress_bar() as progress:
         dtype = args.dtype or "int8"
-        chosen = target_runtime(
+        chosen = choose_target_runtime(
             args.target_runtime, args.target, args.cache_dir, progress, args.dtype
         )
         runtime = parse_runtime(chosen, dtype, args.gguf_type or "q4_k_m")
@@ -867,7 +750,7 @@ def _build_engine(args: argparse.Namespace, recipe: str):
             choice = (
                 (target_on if target_on in ("int8", "int4") else "transformers")
                 if args.draft_vocab and args.draft_runtime == "auto"
-                else draft_runtime(
+                else choose_draft_runtime(
                     args.draft_runtime, args.draft, args.cache_dir, progress, args.dtype, chosen
                 )
             )
@@ -875,7 +758,7 @@ def _build_engine(args: argparse.Namespace, recipe: str):
             draft = runtime.load(args.draft, args.cache_dir, progress)
             check_same_vocabulary(target, draft)
             if args.draft_vocab:
-                trim_draft(draft, args.draft_vocab)
+                trim_to_vocabulary_file(draft, args.draft_vocab)
             return ModelDrafter(draft)
 
         factories: dict[str, Callable[[], Drafter]] = {
@@ -890,7 +773,7 @@ def _build_engine(args: argparse.Namespace, recipe: str):
 
 
 def _cost(args: argparse.Namespace) -> int:
-    from specdec.cli_output import progress_bar
+    from specdec.progress import progress_bar
     from specdec.tune import time_pass
 
     if not 1 <= args.max_n <= 64 or args.repeats < 1:
@@ -914,7 +797,8 @@ def _cost(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from specdec.cli_output import print_tune, progress_bar
+    from specdec.cli_output import print_tune
+    from specdec.progress import progress_bar
     from specdec.tune import recommend, tune, write_outputs
 
     if bool(args.prompts) == bool(args.workload):
@@ -958,7 +842,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from specdec.cli_output import progress_bar
+    from specdec.progress import progress_bar
     from specdec.server.setup import build_app, build_scheduler
 
     if args.max_active < 1 or args.max_queue < 0 or args.max_rows < 1:

@@ -1,6 +1,7 @@
-"""``specdec doctor``: what this machine is, and whether the int8 runtime's promise holds here.
+"""``specdec doctor``: whether the int8 and int4 runtimes' promise holds on this machine
+(what the machine is: ``machine``).
 
-The promise (``backends/int8.py``): a block pass scores every position bit for bit as
+The promise (``backends/quant/int8.py``): a block pass scores every position bit for bit as
 one-token steps do, whatever the thread count. The check builds a random model at the
 default target's layer sizes (hidden 1536, intermediate 8960; two layers, a small
 vocabulary, so it takes seconds), converts it to the int8 runtime and compares blocks of
@@ -9,9 +10,7 @@ vocabulary, so it takes seconds), converts it to the int8 runtime and compares b
 
 from __future__ import annotations
 
-import functools
 import os
-import platform
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +32,7 @@ class InvarianceResult:
 
 def real_size_int8_model(layers: int = 2, vocab: int = 2048, seed: int = 0):
     """A random Qwen2 at the 1.5B's layer sizes, on the int8 runtime."""
-    from specdec.backends.int8 import make_int8_batch_invariant
+    from specdec.backends.quant.convert import make_int8_batch_invariant
 
     return make_int8_batch_invariant(real_size_model(layers, vocab, seed))
 
@@ -85,48 +84,6 @@ def check_block_equals_steps(model, threads: int, seed: int = 0) -> InvarianceRe
 def thread_counts() -> list[int]:
     """1, 2, 3, 4, 8 and this machine's own count."""
     return sorted({1, 2, 3, 4, 8, torch.get_num_threads(), os.cpu_count() or 1})
-
-
-@functools.cache
-def cpuinfo() -> dict[str, str]:
-    """The first processor's fields in /proc/cpuinfo ({} where there is none): one read for
-    the name, kind and flags below."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if not line.strip():
-                    break  # the end of the first processor
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return fields
-
-
-def cpu_name() -> str:
-    return cpuinfo().get("model name") or platform.processor() or "unknown CPU"
-
-
-def cpu_kind() -> str:
-    """The CPU's family and model ("family 25 model 17"; "" where /proc/cpuinfo does not
-    say): CPUs of one name can be different kinds (the AVX2 and the AVX-512 AMD EPYC)."""
-    fields = cpuinfo()
-    if "cpu family" in fields and "model" in fields:
-        return f"family {fields['cpu family']} model {fields['model']}"
-    return ""
-
-
-def cpu_flag_set() -> set[str]:
-    """Every feature flag of the CPU (empty where /proc/cpuinfo does not say)."""
-    return set(cpuinfo().get("flags", "").split())
-
-
-def cpu_flags() -> list[str]:
-    """The SIMD features that decide which kernels run."""
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8")
-    flags = cpu_flag_set()
-    return [flag for flag in wanted if flag in flags]
 
 
 def same_text_line(checked: dict[str, bool]) -> str:

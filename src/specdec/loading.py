@@ -11,8 +11,8 @@ import torch
 from specdec.backends.hf import HFModel
 from specdec.models import CATALOG, Progress, cache_root, ensure_converted, lookup
 
-# int8 / int4: float32 weights loaded, then quantized by backends.int8 (batch-invariant
-# W8A8) or backends.int4 (4-bit weights, int8 activations); both cached on disk.
+# int8 / int4: float32 weights loaded, then quantized by backends.quant (int8:
+# batch-invariant W8A8; int4: 4-bit weights, int8 activations); both cached on disk.
 DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -98,12 +98,12 @@ def load_hf(
     if dtype not in QUANTIZED:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
     elif int8_cache is None:
-        from specdec.backends.int8_cache import quantizer
+        from specdec.backends.quant.store import quantizer
 
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
         quantizer(dtype)(model, progress)
     else:
-        from specdec.backends import int8_cache as runtime_cache
+        from specdec.backends.quant import store as runtime_cache
 
         root = int8_cache if dtype == "int8" else int8_cache.with_name(dtype)
         model = runtime_cache.load_or_build(

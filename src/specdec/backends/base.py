@@ -63,3 +63,14 @@ def sync_cache(backend: Backend, tokens: Sequence[int]) -> bool:
         return False
     backend.forward(tokens[keep:], last_only=True)
     return True
+
+
+def eos_token_ids(model: Any, tokenizer: Any | None) -> set[int]:
+    """EOS ids from the generation config (which may list several), else the tokenizer."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if eos is None:
+            continue
+        ids.update([eos] if isinstance(eos, int) else eos)
+    return ids

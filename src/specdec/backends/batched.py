@@ -6,12 +6,12 @@ scores the new tokens of many sequences in ONE pass of the weights, each row aga
 sequence's cache, whatever their lengths and block sizes. On a CPU a step reads every weight
 once whatever the rows: the int8 1.5B scores 9 rows for 1.1-1.9x the cost of one.
 
-Exactness: on the batch-invariant int8 runtime (``backends/int8.py``) every row of a pass
+Exactness: on the batch-invariant int8 runtime (``backends/quant/``) every row of a pass
 is computed as it would be alone: the linear layers, norms and activation are row-invariant,
 and attention runs one query row at a time over its own sequence's cache. So a sequence
 gets the same logits, bit for bit, in a batch of any company as alone, and as from
 ``HFModel`` over the same model (``tests/test_batched.py``). Only the int8 runtime with
-fused Llama-family layers (``backends/int8_fused.py``) is supported; ``supports(model)``
+fused Llama-family layers (``quant/fused.py``) is supported; ``supports(model)``
 says whether a model is. If a pass fails, every sequence is cut back to what it held.
 
 Shared prefixes (``ModelSequence.reuse_prefix``): a new sequence whose tokens begin like
@@ -30,11 +30,12 @@ from typing import Any
 
 import torch
 
-from specdec.backends.hf import _eos_token_ids
-from specdec.backends.int4 import RowInt4Linear, uses_row_kernels
-from specdec.backends.int8 import RowInt8Linear
+from specdec.backends.base import eos_token_ids
 from specdec.backends.kv_buffer import KVBuffer
 from specdec.backends.layer_stack import LayerParts, LayerStack
+from specdec.backends.quant.convert import uses_row_kernels
+from specdec.backends.quant.int4 import RowInt4Linear
+from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.backends.trim import TrimmedHead
 
 
@@ -194,7 +195,7 @@ class BatchedModel:
         # The int4 runtime's layers run whole in the kernel (backends/layer_stack.py).
         self.stack = LayerStack.of(self.layers) if self.row_kernels else None
         self.vocab_size = int(model.get_output_embeddings().out_features)
-        self.eos_token_ids = frozenset(_eos_token_ids(model, tokenizer))
+        self.eos_token_ids = frozenset(eos_token_ids(model, tokenizer))
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self._alive: weakref.WeakSet[ModelSequence] = weakref.WeakSet()
         self.share_prefixes = share_prefixes

@@ -11,6 +11,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from specdec.backends.base import eos_token_ids
+
 
 class HFModel:
     """Wraps a ``transformers`` causal LM with a ``DynamicCache`` (transformers 5.x).
@@ -24,7 +26,7 @@ class HFModel:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.vocab_size = int(model.get_output_embeddings().out_features)  # the logits width
-        self.eos_token_ids = frozenset(_eos_token_ids(model, tokenizer))
+        self.eos_token_ids = frozenset(eos_token_ids(model, tokenizer))
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self._cache: DynamicCache | None = None
         # transformers' causal LMs can skip the output layer for all but the last position
@@ -153,7 +155,7 @@ def _lean_sequence(model: Any, tokenizer: Any | None) -> Any:
     without its per-pass setup of masks, cache objects and outputs, about 0.5-1 ms a pass
     of the 1.5B and of the 0.5B (measured). None for any other model."""
     from specdec.backends.batched import BatchedModel, supports
-    from specdec.backends.int4 import uses_row_kernels
+    from specdec.backends.quant.convert import uses_row_kernels
 
     if not (uses_row_kernels(model) and supports(model)):
         return None
@@ -170,14 +172,3 @@ def _final_norm(model: Any) -> torch.nn.Module:
             "(heads need a decoder with a .norm module, as Llama/Qwen/Mistral models have)"
         )
     return norm
-
-
-def _eos_token_ids(model: Any, tokenizer: Any | None) -> set[int]:
-    """EOS ids from the generation config (which may list several), else the tokenizer."""
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
-        eos = getattr(source, "eos_token_id", None) if source is not None else None
-        if eos is None:
-            continue
-        ids.update([eos] if isinstance(eos, int) else eos)
-    return ids

@@ -22,9 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.backends.int4 import RowInt4Linear, RowRMSNorm, kernel
-from specdec.backends.int8_fused import FusedAttention, FusedMLP
 from specdec.backends.kv_buffer import KVBuffer
+from specdec.backends.quant.fused import FusedAttention, FusedMLP
+from specdec.backends.quant.int4 import RowInt4Linear
+from specdec.backends.quant.kernels import kernel
+from specdec.backends.quant.rows import RowRMSNorm
 
 LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
 

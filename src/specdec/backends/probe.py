@@ -44,7 +44,7 @@ def machine_key() -> str:
     """The CPU, the llama-cpp-python build and the interpreter: what the verdict depends on."""
     import importlib.metadata
 
-    from specdec.doctor import cpu_flags, cpu_name
+    from specdec.machine import cpu_flags, cpu_name
 
     try:
         version = importlib.metadata.version("llama-cpp-python")

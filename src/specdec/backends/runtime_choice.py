@@ -72,12 +72,12 @@ def machine_key(model: str, role: str = "draft") -> str:
 
     import torch
 
-    from specdec.backends import int4, int8
     from specdec.backends.probe import machine_key as llamacpp_machine
+    from specdec.backends.quant import int8, kernels
 
     held = ",".join(f"{name}={os.environ[name]}" for name in ISA_VARIABLES if os.environ.get(name))
     cpu = f"{llamacpp_machine()}|{held}" if held else llamacpp_machine()
-    key = f"{cpu}|torch {torch.__version__}|{int4.kernel_name()}|int8 form {int8.FORM}|{model}"
+    key = f"{cpu}|torch {torch.__version__}|{kernels.kernel_name()}|int8 form {int8.FORM}|{model}"
     return key if role == "draft" else f"{key}|{role}"
 
 

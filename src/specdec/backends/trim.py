@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from specdec.backends.int4 import RowInt4Linear, dequantize, unpack
-from specdec.backends.int8 import RowInt8Linear
+from specdec.backends.quant.int4 import RowInt4Linear, dequantize, unpack
+from specdec.backends.quant.int8 import RowInt8Linear
 
 
 class TrimmedHead(nn.Module):
@@ -80,3 +80,13 @@ def trim_output_layer(model, token_ids: Sequence[int]) -> None:
     head = model.get_output_embeddings()
     vocab_size = int(getattr(head, "out_features", model.config.vocab_size))
     model.set_output_embeddings(TrimmedHead(head, token_ids, vocab_size))
+
+
+def trim_to_vocabulary_file(draft, path: str) -> None:
+    """Restrict a transformers draft's output layer to a vocabulary file's tokens
+    (``specdec vocab build``)."""
+    from specdec import vocab
+
+    if not hasattr(getattr(draft, "model", None), "get_output_embeddings"):  # not transformers'
+        raise ValueError("--draft-vocab needs a transformers draft (--draft-runtime transformers)")
+    trim_output_layer(draft.model, vocab.load(path, draft.vocab_size))

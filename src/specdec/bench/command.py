@@ -109,7 +109,7 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.cli_output import progress_bar
+    from specdec.progress import progress_bar
 
     if args.repeats < 1 or args.prompts_per_workload < 1:
         raise ValueError("--repeats and --prompts-per-workload must be >= 1")
@@ -213,14 +213,14 @@ def _pool(args: argparse.Namespace) -> tuple[ModelPool, str]:
         from specdec.bench.tiny import char_tokenizer, perturbed_copy, tiny_llama
 
         def load_tiny(role: str, dtype: str, progress):  # noqa: ARG001 - built in a blink
-            from specdec.backends.int8 import make_int8_batch_invariant
+            from specdec.backends.quant.convert import make_int8_batch_invariant
 
             target = tiny_llama(seed=0, max_positions=4096)
             model = target if role == "target" else perturbed_copy(target, noise=0.03, seed=1)
             if dtype == "int8":
                 return make_int8_batch_invariant(model)
             if dtype == "int4":
-                from specdec.backends.int4 import make_int4_batch_invariant
+                from specdec.backends.quant.convert import make_int4_batch_invariant
 
                 return make_int4_batch_invariant(model)
             return model.to(torch_dtype(dtype))
@@ -298,7 +298,7 @@ def machine() -> str:
     import torch
 
     from specdec.backends.runtime_choice import ISA_VARIABLES
-    from specdec.doctor import cpu_flags, cpu_kind, cpu_name
+    from specdec.machine import cpu_flags, cpu_kind, cpu_name
 
     flags = cpu_flags()
     widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""

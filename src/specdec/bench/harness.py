@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 
 from specdec.bench import pairs
-from specdec.bench.systems import RunOutput
+from specdec.bench.output import RunOutput
 from specdec.config import SamplingParams
 from specdec.metrics import SpecStats
 from specdec.prompting import encode_prompt, read_prompt_file

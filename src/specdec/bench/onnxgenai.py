@@ -64,7 +64,7 @@ class OnnxGenAISystem:
         import numpy as np
         import onnxruntime_genai as og
 
-        from specdec.bench.systems import RunOutput
+        from specdec.bench.output import RunOutput
 
         model = self._load()
         generator_params = og.GeneratorParams(model)

@@ -54,7 +54,7 @@ class OpenVinoSystem:
         import numpy as np
         import openvino as ov
 
-        from specdec.bench.systems import RunOutput
+        from specdec.bench.output import RunOutput
 
         pipeline = self._load()
         config = self._config(params)

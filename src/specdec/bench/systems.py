@@ -25,6 +25,7 @@ from specdec.bench.onnxgenai import OnnxGenAISystem
 from specdec.bench.openvino import OWN_PLAIN as OPENVINO_OWN_PLAIN
 from specdec.bench.openvino import SYSTEMS as OPENVINO_SYSTEMS
 from specdec.bench.openvino import OpenVinoSystem
+from specdec.bench.output import RunOutput
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import KPolicy
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
@@ -34,14 +35,6 @@ from specdec.runtime import TRANSFORMERS_DTYPES, parse_runtime
 
 if TYPE_CHECKING:
     from specdec.heads.load import Heads
-
-
-@dataclass(frozen=True)
-class RunOutput:
-    token_ids: list[int]
-    seconds: float
-    stats: dict | None  # SpecStats.to_dict(): specdec systems, and peers that count their own
-    peer: bool = False  # another engine's run: its sampler draws differently from ours
 
 
 @dataclass(frozen=True)

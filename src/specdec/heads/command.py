@@ -306,21 +306,30 @@ def run(args: argparse.Namespace) -> int:
     if args.heads_command == "list":
         return _list(args)
     check_args(args)  # before the target loads (seconds): a bad value costs one line
-    from specdec.cli_output import progress_bar
     from specdec.heads import store
     from specdec.heads.fingerprint import target_fingerprint
     from specdec.loading import load_backend
+    from specdec.progress import progress_bar
 
     with progress_bar() as progress:
         if args.dtype == "auto":
-            from specdec.cli import target_runtime
+            from specdec.runtime import choose_target_runtime
 
-            args.dtype = target_runtime("auto", args.target, args.cache_dir, progress)
+            args.dtype = choose_target_runtime("auto", args.target, args.cache_dir, progress)
         target = load_backend(args.target, args.dtype, args.cache_dir, progress)
         fingerprint = target_fingerprint(target.model)
         entry = store.entry_dir(args.cache_dir, fingerprint, args.target)
         data_dir = Path(args.data).expanduser() if args.data else entry / "data"
         return _run_loaded(args, target, fingerprint, data_dir, entry, progress)
+
+
+def phase_parser() -> argparse.ArgumentParser:
+    """A parser of ``heads ...`` command lines, as ``specdec`` parses them: what ``heads make``
+    runs its phases through."""
+    parser = argparse.ArgumentParser(prog="specdec")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_parser(commands, argparse.ArgumentParser)
+    return parser
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -407,7 +416,6 @@ def _make_phases(args, target, fingerprint, data_dir, entry, progress) -> int:
     import shlex
     import time
 
-    from specdec.cli import build_parser
     from specdec.heads import make
 
     plan = make.phases(
@@ -441,7 +449,7 @@ def _make_phases(args, target, fingerprint, data_dir, entry, progress) -> int:
     shown += ["--dtype", args.dtype]  # as resolved: the runtime the data and heads are for
     shown += ["--data", args.data] if args.data else []
     shown += ["--cache-dir", args.cache_dir] if args.cache_dir else []
-    parser = build_parser()
+    parser = phase_parser()
     for number, phase in enumerate(plan, 1):
         if phase.name in state.done:
             continue

@@ -10,6 +10,7 @@ from specdec.drafters.recipe import is_choice
 from specdec.heads import store
 from specdec.heads.fingerprint import target_fingerprint
 from specdec.heads.nets import EagleHead, HeadsConfig, build
+from specdec.runtime import model_runtime
 
 
 @dataclass
@@ -83,8 +84,9 @@ def quantize(net: nn.Module, int4: bool = False) -> nn.Module:
     on the AMD EPYC (2 code and 2 chat prompts, greedy): 2.0-2.2 ms a draft against 4.0-4.4
     with the int8 layer and float32 ``fc``, acceptance alike (15/42, 21/45, 8/42, 11/39
     against 15/38, 19/41, 3/26, 12/38)."""
-    from specdec.backends.int4 import RowInt4Linear, fits, make_int4_batch_invariant
-    from specdec.backends.int8 import RowInt8Linear
+    from specdec.backends.quant.convert import make_int4_batch_invariant
+    from specdec.backends.quant.int4 import RowInt4Linear, fits
+    from specdec.backends.quant.int8 import RowInt8Linear
 
     if int4 and isinstance(net, EagleHead):
         net.body = make_int4_batch_invariant(net.body)
@@ -157,7 +159,7 @@ def _auto_drafter(
         return "model", "heads need the transformers runtime"
     entry = store.entry_dir(cache_dir, target_fingerprint(target.model), target_name)
     evals = store.read_evals(entry)
-    runtime = target_runtime(target.model)
+    runtime = model_runtime(target.model)
     predicted = _predicted(evals, runtime, entry)
     if not set(predicted) - {"model"} and runtime != "int8":
         predicted, runtime = _predicted(evals, "int8", entry), "int8"
@@ -193,14 +195,7 @@ def eagle_on_int4(model: nn.Module) -> bool:
     particular numbers, only its own ``draft_probs``). Measured beside the int8 1.5B on the
     AMD EPYC (`python bench/eagle_int4.py --target-runtime int8`): docs/heads.md, "EAGLE on
     int4 beside an int8 target"."""
-    from specdec.backends import int4
+    from specdec.backends.quant import kernels
 
-    runtime = target_runtime(model)
-    return runtime == "int4" or (runtime == "int8" and int4.kernel_or_none() is not None)
-
-
-def target_runtime(model: nn.Module) -> str:
-    """The runtime a target model is on, by its output layer: int4, int8, or its dtype."""
-    from specdec.runtime import model_runtime
-
-    return model_runtime(model)
+    runtime = model_runtime(model)
+    return runtime == "int4" or (runtime == "int8" and kernels.kernel_or_none() is not None)

@@ -60,7 +60,7 @@ DEFAULT_DISTILL_EVERY = {"bfloat16": 1, "float32": 4}  # EAGLE; Medusa always di
 def bf16_native() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX) and torch's
     kernels are not held below it (``bf16_allowed``)."""
-    from specdec.doctor import cpu_flag_set
+    from specdec.machine import cpu_flag_set
 
     return bf16_allowed(cpu_flag_set(), os.environ)
 

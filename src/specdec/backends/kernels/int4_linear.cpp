@@ -435,7 +435,7 @@ torch::Tensor causal_attention(torch::Tensor query, torch::Tensor keys, torch::T
 void register_layer_stack(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int4_linear", &int4_linear, "x @ W^T + b with W packed by specdec.backends.int4");
+  m.def("int4_linear", &int4_linear, "x @ W^T + b with W packed by specdec.backends.quant.int4");
   m.def("best_path", &int4_best_path, "0 scalar, 1 AVX2, 2 AVX-512 VNNI");
   m.def("rms_norm", &rms_norm, "RMS norm of each row");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of each row of [gate, up]");

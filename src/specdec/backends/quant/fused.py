@@ -21,11 +21,13 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from specdec.backends.int4 import kernel
-from specdec.backends.int8 import row_invariant_sdpa
+from specdec.backends.quant import kernels
+from specdec.backends.quant.rows import row_invariant_sdpa
 
 ATTENTION_PARTS = ("q_proj", "k_proj", "v_proj")
+
 MLP_PARTS = ("gate_proj", "up_proj")
+
 Model = TypeVar("Model", bound=nn.Module)
 
 
@@ -54,7 +56,7 @@ class FusedAttention(nn.Module):
         past + q, dim], each row over its own prefix  ->  [1, q, heads, dim]."""
         if not self.row_kernels:
             return row_invariant_sdpa(self, query, key, value, None, scaling=self.scaling)[0]
-        attend = kernel().causal_attention  # one sequence at a time: rows [q, heads, dim]
+        attend = kernels.kernel().causal_attention  # one sequence at a time: rows [q, heads, dim]
         outs = [
             attend(q.transpose(0, 1), k, v, self.scaling)
             for q, k, v in zip(query, key, value, strict=True)
@@ -110,8 +112,8 @@ class FusedAttention(nn.Module):
                 t.expand(batch, tokens, -1).reshape(batch * tokens, -1).contiguous()
                 for t in position_embeddings
             )
-            kernel().rope_(query, cos, sin)
-            kernel().rope_(key, cos, sin)
+            kernels.kernel().rope_(query, cos, sin)
+            kernels.kernel().rope_(key, cos, sin)
             query, key, value = (
                 t.reshape(batch, tokens, -1, self.head_dim).transpose(1, 2)
                 for t in (query, key, value)
@@ -140,7 +142,7 @@ class FusedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.row_kernels:
             gate_up = self.gate_up_proj(x)
-            rows = kernel().silu_mul(gate_up.reshape(-1, gate_up.shape[-1]))
+            rows = kernels.kernel().silu_mul(gate_up.reshape(-1, gate_up.shape[-1]))
             return self.down_proj(rows.reshape(*x.shape[:-1], -1))
         gate, up = self.gate_up_proj(x).split(self.sizes, dim=-1)
         return self.down_proj(self.act_fn(gate.contiguous()) * up)

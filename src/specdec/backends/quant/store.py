@@ -29,8 +29,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from specdec.backends.int4 import RowInt4Linear, make_int4_batch_invariant
-from specdec.backends.int8 import RowInt8Linear, make_int8_batch_invariant
+from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
+from specdec.backends.quant.int4 import RowInt4Linear
+from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.integrity import (
     damaged_files,
     file_lock,
@@ -39,7 +40,7 @@ from specdec.integrity import (
     write_marker,
 )
 
-FORMAT = 3  # 2: q/k/v and gate/up stored fused (backends/int8_fused.py); 3: digests
+FORMAT = 3  # 2: q/k/v and gate/up stored fused (quant/fused.py); 3: digests
 KINDS = ("int8", "int4")
 MARKER = "specdec-int8.json"
 WEIGHTS = "int8.safetensors"
@@ -120,8 +121,8 @@ def load(directory: Path, progress=None) -> PreTrainedModel:
     so the file's pages do not add to the resident set while it loads."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from specdec.backends.int8 import finish_int8_model
-    from specdec.backends.int8_fused import fuse_projections
+    from specdec.backends.quant.convert import finish_quantized_model
+    from specdec.backends.quant.fused import fuse_projections
 
     config = AutoConfig.from_pretrained(directory)
     with torch.device("meta"):
@@ -152,7 +153,7 @@ def load(directory: Path, progress=None) -> PreTrainedModel:
     _rebuild_meta_buffers(model, config)
     if (directory / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(directory)
-    finish_int8_model(model)
+    finish_quantized_model(model)
     model.eval()
     return model
 
