@@ -217,7 +217,7 @@ def test_catching_up_after_rounds_without_drafts_is_not_a_draft_step(pair):
     stand at a catch-up's cost and keep k at 0. After a single round without drafts the
     drafter catches up within its first draft pass (no pass more), and that round's draft
     time is left out of the draft step."""
-    from specdec.engine import CATCH_UP_APART
+    from specdec.speculation import CATCH_UP_APART
 
     assert _Scripted.idle < CATCH_UP_APART  # never prepared: far behind all the same
     target, draft = pair

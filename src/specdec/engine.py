@@ -14,35 +14,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
 
 from specdec.backends.base import Backend, sync_cache
 from specdec.config import SamplingParams, SpecConfig
-from specdec.controller import (
-    AdaptiveK,
-    BatchDrafting,
-    DrafterChoice,
-    FallbackK,
-    KPolicy,
-    Round,
-)
+from specdec.controller import BatchDrafting, KPolicy
 from specdec.detokenizer import Detokenizer
-from specdec.drafters.base import Drafter, Drafting, KeepGoing, Proposal, drafting_of, drive
-from specdec.drafters.composite import ChoiceDrafter, FallbackDrafter
+from specdec.drafters.base import Drafter, Drafting, Proposal, drive
 from specdec.metrics import SpecStats
 from specdec.sampling import Sampler, logits_to_probs
+from specdec.speculation import new_policy, policy_fits, speculation_for
 from specdec.verify import VerifyResult, verify_coupled, verify_greedy, verify_stochastic
-
-# A drafter that sat out this many rounds or more (or never followed the text) catches up in
-# a pass of its own before it drafts (one request alone): its way behind costs well above a
-# step, so the extra pass is small beside it, and the draft after it is timed as a step
-# again (how a k controller at 0, exploring, measures today's draft cost). After fewer, it
-# catches up within its first draft pass, which is then left out of its draft cost: a choice
-# of drafters that switches after a round or two does not pay a pass more each time.
-CATCH_UP_APART = 4
 
 
 @dataclass(frozen=True)
@@ -151,37 +135,13 @@ class Engine:
 
 
 def new_controller(drafter: Drafter | None, max_k: int) -> KPolicy:
-    """The k policy of adaptive requests with ``drafter``: an ``AdaptiveK``; for a choice
-    of drafters a ``DrafterChoice``, for a fallback chain of distinct members a
-    ``FallbackK`` (each with one ``AdaptiveK`` per member)."""
-    if isinstance(drafter, ChoiceDrafter):
-        return DrafterChoice(list(drafter.members), max_k=max_k)
-    chain = _chain_members(drafter)
-    return FallbackK(chain, max_k=max_k) if chain else AdaptiveK(max_k=max_k)
-
-
-def _chain_members(drafter: Drafter | None) -> list[str]:
-    """A fallback chain's member names, when distinct (else [])."""
-    if not isinstance(drafter, FallbackDrafter):
-        return []
-    names = [member.name for member in drafter.drafters]
-    return names if len(set(names)) == len(names) else []
-
-
-def _suits(controller, drafter: Drafter | None, max_k: int) -> bool:
-    """Whether a controller made before fits this request's drafter and max_k."""
-    if controller is None or controller.max_k != max_k:
-        return False
-    if isinstance(drafter, ChoiceDrafter):
-        return isinstance(controller, DrafterChoice) and controller.members == list(drafter.members)
-    chain = _chain_members(drafter)
-    if chain:
-        return isinstance(controller, FallbackK) and controller.members == chain
-    return not isinstance(controller, (DrafterChoice, FallbackK))  # an AdaptiveK, or one like it
+    """The k policy of adaptive requests with ``drafter`` (``drafting.new_policy``)."""
+    return new_policy(drafter, max_k)
 
 
 class Run:
-    """The state of one request: its context, generator, stats and text."""
+    """The state of one request: its context, generator, stats, text and drafting (the
+    drafter, its k policy and what the drafter has followed: ``speculation.Speculation``)."""
 
     def __init__(
         self,
@@ -195,30 +155,11 @@ class Run:
         self.drafter = engine.drafter
         self.params = params
         self.controller: KPolicy | None = None
-        self.member: str | None = None  # a choice of drafters: this round's
-        self._chain_member: str | None = None  # a fallback chain: the member drafting
-        # The round up to which each drafter has followed the text (a choice's members by
-        # name; None: the one drafter; a fallback chain's members by name too): the rounds
-        # it drafted, and the prefill. One that sat out rounds first catches up on the
-        # text, a cost the k controller does not count.
-        self._fed: dict[str | None, int] = {}
-        # Rounds this round's drafter sat out (0: it drafted the last one, or caught up apart)
-        self._sat_out = 0
-        if engine.drafter is None:
-            self.k = 0
-        elif spec.adaptive:
-            if not _suits(engine.controller, engine.drafter, spec.max_k):
+        if engine.drafter is not None and spec.adaptive:
+            if not policy_fits(engine.controller, engine.drafter, spec.max_k):
                 engine.controller = new_controller(engine.drafter, spec.max_k)
             self.controller = engine.controller
-            self.k = spec.max_k
-        else:
-            assert isinstance(spec.k, int), "a fixed k is an int ('auto' is adaptive)"
-            if isinstance(engine.drafter, ChoiceDrafter) and spec.k != 0:
-                raise ValueError(
-                    f"drafter {engine.drafter.name}: a choice of drafters is made from "
-                    "measured rounds, as k is: use k=auto"
-                )
-            self.k = spec.k
+        self.speculation = speculation_for(engine.drafter, self.controller, spec)
         self.sampler = Sampler(params, coupled=spec.coupled(params))
         self.detokenizer = detokenizer
         self.context = list(prompt)
@@ -246,13 +187,10 @@ class Run:
         let the drafter fill its own cache. Timed as prefill, not as decode-phase costs."""
         if sync_cache(self.target, self.context[:-1]):
             self.stats.target_forwards += 1
-        drafting = self.controller.choose_k() > 0 if self.controller is not None else self.k != 0
-        if self.drafter is not None and drafting and prepare_drafter:
-            # A controller that has learned not to draft skips the draft's prefill; should it
-            # draft later, the drafter catches up on the context first (``_begin_drafting``).
-            self.drafter.prepare(self.context)
-            members = self.drafter.members if isinstance(self.drafter, ChoiceDrafter) else [None]
-            self._fed = dict.fromkeys([*members, *_chain_members(self.drafter)], 0)
+        # A policy that has learned not to draft skips the draft's prefill; should it draft
+        # later, the drafter catches up on the context first (``speculation``: catching up).
+        if prepare_drafter and self.speculation.will_draft():
+            self.speculation.prepare(self.context)
 
     def _round(self) -> Chunk:
         proposal, draft_seconds = self.propose()
@@ -286,23 +224,10 @@ class Run:
         self.stats.record_round(
             k, result.num_accepted, result.bonus, result.residual_fallback, proposal.drafter
         )
-        if observe and self.controller is not None:
-            chain_member = self._chain_member if k else None
-            caught_up = (
-                self._record_chain_feed(chain_member)
-                if isinstance(self.controller, FallbackK)
-                else self._sat_out > 0
+        if observe:
+            self.speculation.observe(
+                k, proposal, result.num_accepted, draft_seconds, pass_seconds, self.stats.rounds - 1
             )
-            measured = Round(
-                k, result.num_accepted, proposal.confidences, draft_seconds, pass_seconds, caught_up
-            )
-            if isinstance(self.controller, DrafterChoice):
-                assert self.member is not None, "a round of a choice drafts with a member"
-                self.controller.observe(self.member, measured)
-            elif isinstance(self.controller, FallbackK):
-                self.controller.observe(chain_member, measured)
-            else:
-                self.controller.observe(measured)
         chunk = self._emit(result, proposal)
         self.stats.total_seconds = time.perf_counter() - self.started
         return chunk
@@ -310,15 +235,11 @@ class Run:
     def propose(self, max_k: int | None = None) -> tuple[Proposal, float]:
         """This round's drafts and the seconds drafting took."""
         k = self._draft_k(max_k)
-        self._begin_drafting(k)
+        self.speculation.begin(k, self.stats.rounds)
         if k <= 0:
             return Proposal([]), 0.0
-        if self._sat_out >= CATCH_UP_APART:
-            # a long way behind: catch up apart, so that the draft's time is a draft's
-            started = time.perf_counter()
-            self._round_drafter().prepare(self.context)
-            self.stats.drafter_seconds += time.perf_counter() - started
-            self._sat_out = 0
+        # a long way behind: catch up apart, so that the draft's time is a draft's
+        self.stats.drafter_seconds += self.speculation.catch_up_apart(self.context)
         started = time.perf_counter()
         proposal = drive(self._drafting(k))
         return proposal, time.perf_counter() - started
@@ -329,73 +250,19 @@ class Run:
         pass, batched with the others' (that round's draft time is not counted as a draft
         step: ``finish_round``)."""
         k = self._draft_k(max_k)
-        self._begin_drafting(k)
+        self.speculation.begin(k, self.stats.rounds)
         return self._drafting(k)
-
-    def _begin_drafting(self, k: int) -> None:
-        """Note how many rounds this round's drafter sat out: it catches up on them first."""
-        if k <= 0:
-            self._sat_out = 0
-            return
-        this_round = self.stats.rounds
-        fed = self._fed.get(self.member)  # None: never, the whole text is ahead of it
-        self._sat_out = this_round - fed if fed is not None else CATCH_UP_APART
-        self._fed[self.member] = this_round + 1
-
-    def _round_drafter(self) -> Drafter:
-        """The drafter of this round: a choice's chosen member, else the drafter."""
-        assert self.drafter is not None, "a round drafts with a drafter"
-        if isinstance(self.drafter, ChoiceDrafter):
-            assert self.member is not None, "the round's member is chosen first"
-            return self.drafter.members[self.member]
-        return self.drafter
 
     def _drafting(self, k: int) -> Drafting:
         if k <= 0:
             return Proposal([])
-        assert self.drafter is not None, "k > 0 only with a drafter"
-        controller = self._round_policy()
-        if isinstance(controller, FallbackK):
-            assert isinstance(self.drafter, FallbackDrafter), "a FallbackK goes with one"
-            chain, self._chain_member = controller, None
-
-            def policy(member: str) -> tuple[int, KeepGoing]:
-                # the last member asked to draft is the one whose proposal is taken (a
-                # member's own name: a nested chain's proposal names its inner member)
-                member_k = min(k, chain.member_k(member))
-                if member_k > 0:
-                    self._chain_member = member
-                return member_k, partial(chain.keep_going, member)
-
-            proposal = yield from self.drafter.drafting_with(self.context, policy, self.sampler)
-        else:
-            keep_going = controller.keep_going if controller is not None else None
-            proposal = yield from drafting_of(
-                self.drafter, self.context, k, self.sampler, keep_going
-            )
+        proposal = yield from self.speculation.drafting(self.context, k, self.sampler)
         assert len(proposal.token_ids) <= k, "drafter proposed more than k tokens"
         return proposal
 
-    def _record_chain_feed(self, member: str | None) -> bool:
-        """A fallback chain's round: record that its drafting member has followed the text
-        through this round (as ``_begin_drafting`` does for the drafter), and answer whether
-        it first caught up on text it had not followed (it did not draft the round before,
-        or the whole chain sat out)."""
-        if member is None:
-            return False
-        this_round = self.stats.rounds - 1  # finish_round has recorded it
-        fed = self._fed.get(member)
-        self._fed[member] = this_round + 1
-        return self._sat_out > 0 or fed != this_round
-
     def _draft_k(self, max_k: int | None) -> int:
         remaining = self.params.max_tokens - len(self.generated)
-        if isinstance(self.controller, DrafterChoice):
-            assert isinstance(self.drafter, ChoiceDrafter), "a DrafterChoice goes with one"
-            self.member = self.controller.choose()
-            self.drafter.choose(self.member)
-        controller = self._round_policy()
-        k = controller.choose_k() if controller is not None else self.k
+        k = self.speculation.choose_k()
         if max_k is not None:
             k = min(k, max_k)
         # A round emits up to k + 1 tokens; never draft past max_tokens or the context.
@@ -403,14 +270,6 @@ class Run:
         if self.target.max_length is not None:
             k = min(k, self.target.max_length - len(self.context) - 1)
         return k
-
-    def _round_policy(self) -> AdaptiveK | FallbackK | None:
-        """This round's k policy: the controller; for a choice of drafters, the member
-        chosen for the round (by ``_draft_k``) has its own."""
-        if isinstance(self.controller, DrafterChoice):
-            assert self.member is not None, "the round's member is chosen first"
-            return self.controller.controllers[self.member]
-        return self.controller
 
     def _verify(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
         draft_ids = torch.tensor(proposal.token_ids, dtype=torch.long)

@@ -1,0 +1,285 @@
+"""A request's drafting, round by round: its drafter, its k policy, and how far the drafter has
+followed the text. The engine drives every kind of drafter through this one interface
+(``Speculation``); what a composite drafter needs (a choice of members, a fallback
+chain's members each with its own k) lives in the kind made for it here, not in the engine.
+
+One round, as the engine asks it:
+``choose_k()`` (a choice picks this round's member) -> the engine caps k -> ``begin(k, round)``
+-> ``catch_up_apart(context)`` when the drafter sat out long -> ``drafting(context, k, sampler)``
+-> the target's pass -> ``observe(...)``.
+
+Catching up: a drafter that sat out rounds (k was 0, or another member drafted) has text to
+follow before it drafts. After ``CATCH_UP_APART`` rounds or more (or never having followed
+the text) it catches up in a pass of its own before it drafts (a request alone): its way
+behind costs well above a step, so the extra pass is small beside it, and the draft after it
+is timed as a step again (how a k policy at 0, exploring, measures today's draft cost).
+After fewer, it catches up within its first draft pass, which is then left out of its draft
+cost (``Round.caught_up``): a choice of drafters that switches after a round or two does not
+pay a pass more each time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from functools import partial
+from typing import cast
+
+from specdec.config import SpecConfig
+from specdec.controller import AdaptiveK, DrafterChoice, FallbackK, KPolicy, Round
+from specdec.drafters.base import Drafter, Drafting, KeepGoing, Proposal, drafting_of
+from specdec.drafters.composite import ChoiceDrafter, FallbackDrafter
+from specdec.sampling import Sampler
+
+CATCH_UP_APART = 4
+
+
+class Speculation:
+    """One drafter (or none) with an ``AdaptiveK`` (k auto) or a fixed k."""
+
+    def __init__(self, drafter: Drafter | None, policy: KPolicy | None, k: int):
+        self.drafter, self.policy, self.fixed_k = drafter, policy, k
+        self.member: str | None = None  # a choice of drafters: this round's
+        # The round up to which each drafter has followed the text (by member name; None:
+        # the one drafter): the rounds it drafted, and the prefill.
+        self.fed: dict[str | None, int] = {}
+        self.sat_out = 0  # rounds this round's drafter sat out (0: drafted the last one)
+
+    # ---- kinds ---------------------------------------------------------------------
+
+    @staticmethod
+    def takes(drafter: Drafter | None) -> bool:
+        return True
+
+    @staticmethod
+    def new_policy(drafter: Drafter | None, max_k: int) -> KPolicy:
+        return AdaptiveK(max_k=max_k)
+
+    @staticmethod
+    def fits(policy: KPolicy, drafter: Drafter | None) -> bool:
+        return not isinstance(policy, DrafterChoice | FallbackK)  # an AdaptiveK, or one like it
+
+    def members(self) -> list[str | None]:
+        """The names ``fed`` follows (None: the one drafter)."""
+        return [None]
+
+    # ---- the prefill ----------------------------------------------------------------
+
+    def will_draft(self) -> bool:
+        """Whether the first round would draft (else the drafter's prefill is left for later)."""
+        if self.drafter is None:
+            return False
+        return self.policy.choose_k() > 0 if self.policy is not None else self.fixed_k != 0
+
+    def prepare(self, context: Sequence[int]) -> None:
+        """The drafter's own prefill: every member has then followed the text to round 0."""
+        assert self.drafter is not None, "only a request with a drafter prepares it"
+        self.drafter.prepare(context)
+        self.fed = dict.fromkeys(self.members(), 0)
+
+    # ---- a round ----------------------------------------------------------------------
+
+    def round_policy(self) -> AdaptiveK | FallbackK | None:
+        """This round's k policy."""
+        assert not isinstance(self.policy, DrafterChoice), "a choice's kind picks a member"
+        return self.policy
+
+    def choose_k(self) -> int:
+        """This round's k before the engine's caps (a choice picks its member first)."""
+        policy = self.round_policy()
+        return policy.choose_k() if policy is not None else self.fixed_k
+
+    def begin(self, k: int, round_index: int) -> None:
+        """Note how many rounds this round's drafter sat out: it catches up on them first."""
+        if k <= 0:
+            self.sat_out = 0
+            return
+        fed = self.fed.get(self.member)  # None: never, the whole text is ahead of it
+        self.sat_out = round_index - fed if fed is not None else CATCH_UP_APART
+        self.fed[self.member] = round_index + 1
+
+    def round_drafter(self) -> Drafter:
+        assert self.drafter is not None, "a round drafts with a drafter"
+        return self.drafter
+
+    def catch_up_apart(self, context: Sequence[int]) -> float:
+        """A drafter a long way behind catches up in a pass of its own: the seconds it took
+        (0.0 when it was not that far behind)."""
+        if self.sat_out < CATCH_UP_APART:
+            return 0.0
+        started = time.perf_counter()
+        self.round_drafter().prepare(context)
+        self.sat_out = 0
+        return time.perf_counter() - started
+
+    def drafting(self, context: Sequence[int], k: int, sampler: Sampler) -> Drafting:
+        """At most ``k`` drafts, pass by pass (``drafters.base.Drafting``)."""
+        policy = cast(AdaptiveK | None, self.round_policy())  # a chain's kind drafts otherwise
+        keep_going = policy.keep_going if policy is not None else None
+        return drafting_of(self.round_drafter(), context, k, sampler, keep_going)
+
+    def observe(self, k: int, proposal: Proposal, num_accepted: int, draft_seconds: float,
+                pass_seconds: float, round_index: int) -> None:  # fmt: skip
+        """The verified round ``round_index`` (already counted), for the k policy."""
+        if self.policy is None:
+            return
+        policy = cast(AdaptiveK, self.policy)  # an AdaptiveK, or one like it: kinds override
+        policy.observe(
+            self._round(k, proposal, num_accepted, draft_seconds, pass_seconds, self.sat_out > 0)
+        )
+
+    @staticmethod
+    def _round(k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up) -> Round:
+        return Round(k, num_accepted, proposal.confidences, draft_seconds, pass_seconds, caught_up)
+
+
+class ChoiceSpeculation(Speculation):
+    """A choice of drafters (``model/eagle``): a ``DrafterChoice`` picks each round's member,
+    which drafts at its own k."""
+
+    drafter: ChoiceDrafter
+    policy: DrafterChoice
+
+    @staticmethod
+    def takes(drafter: Drafter | None) -> bool:
+        return isinstance(drafter, ChoiceDrafter)
+
+    @staticmethod
+    def new_policy(drafter: Drafter | None, max_k: int) -> KPolicy:
+        assert isinstance(drafter, ChoiceDrafter), "takes() chose this kind"
+        return DrafterChoice(list(drafter.members), max_k=max_k)
+
+    @staticmethod
+    def fits(policy: KPolicy, drafter: Drafter | None) -> bool:
+        assert isinstance(drafter, ChoiceDrafter), "takes() chose this kind"
+        return isinstance(policy, DrafterChoice) and policy.members == list(drafter.members)
+
+    def members(self) -> list[str | None]:
+        return list(self.drafter.members)
+
+    def round_policy(self) -> AdaptiveK:
+        assert self.member is not None, "the round's member is chosen first"
+        return self.policy.controllers[self.member]
+
+    def choose_k(self) -> int:
+        self.member = self.policy.choose()
+        self.drafter.choose(self.member)
+        return self.round_policy().choose_k()
+
+    def round_drafter(self) -> Drafter:
+        assert self.member is not None, "the round's member is chosen first"
+        return self.drafter.members[self.member]
+
+    def observe(self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index):
+        assert self.member is not None, "a round of a choice drafts with a member"
+        measured = self._round(
+            k, proposal, num_accepted, draft_seconds, pass_seconds, self.sat_out > 0
+        )
+        self.policy.observe(self.member, measured)
+
+
+class ChainSpeculation(Speculation):
+    """A fallback chain of distinct members (``lookup+eagle``): each member, asked in turn,
+    drafts at its own k or leaves the round to those behind (``FallbackK``)."""
+
+    drafter: FallbackDrafter
+    policy: FallbackK | None  # None: a fixed k for the whole chain
+
+    def __init__(self, drafter: Drafter | None, policy: KPolicy | None, k: int):
+        super().__init__(drafter, policy, k)
+        self.chain_member: str | None = None  # the member whose proposal this round takes
+
+    @staticmethod
+    def takes(drafter: Drafter | None) -> bool:
+        return isinstance(drafter, FallbackDrafter) and bool(_chain_members(drafter))
+
+    @staticmethod
+    def new_policy(drafter: Drafter | None, max_k: int) -> KPolicy:
+        return FallbackK(_chain_members(drafter), max_k=max_k)
+
+    @staticmethod
+    def fits(policy: KPolicy, drafter: Drafter | None) -> bool:
+        return isinstance(policy, FallbackK) and policy.members == _chain_members(drafter)
+
+    def members(self) -> list[str | None]:
+        return [None, *_chain_members(self.drafter)]
+
+    def drafting(self, context: Sequence[int], k: int, sampler: Sampler) -> Drafting:
+        if self.policy is None:  # a fixed k: the chain as one drafter
+            return (yield from super().drafting(context, k, sampler))
+        chain, self.chain_member = self.policy, None
+
+        def policy(member: str) -> tuple[int, KeepGoing]:
+            # the last member asked to draft is the one whose proposal is taken (a member's
+            # own name: a nested chain's proposal names its inner member)
+            member_k = min(k, chain.member_k(member))
+            if member_k > 0:
+                self.chain_member = member
+            return member_k, partial(chain.keep_going, member)
+
+        return (yield from self.drafter.drafting_with(context, policy, sampler))
+
+    def observe(self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index):
+        if self.policy is None:
+            return
+        member = self.chain_member if k else None
+        caught_up = self._record_feed(member, round_index)
+        measured = self._round(k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up)
+        self.policy.observe(member, measured)
+
+    def _record_feed(self, member: str | None, round_index: int) -> bool:
+        """Record that the chain's drafting member has followed the text through this round
+        (as ``begin`` does for the drafter), and answer whether it first caught up on text it
+        had not followed (it did not draft the round before, or the whole chain sat out)."""
+        if member is None:
+            return False
+        fed = self.fed.get(member)
+        self.fed[member] = round_index + 1
+        return self.sat_out > 0 or fed != round_index
+
+
+KINDS: tuple[type[Speculation], ...] = (ChoiceSpeculation, ChainSpeculation, Speculation)
+
+
+def kind_of(drafter: Drafter | None) -> type[Speculation]:
+    """The kind of speculation ``drafter`` needs (the first of ``KINDS`` that takes it)."""
+    return next(kind for kind in KINDS if kind.takes(drafter))
+
+
+def new_policy(drafter: Drafter | None, max_k: int) -> KPolicy:
+    """The k policy of adaptive requests with ``drafter``: an ``AdaptiveK``; for a choice
+    of drafters a ``DrafterChoice``, for a fallback chain of distinct members a
+    ``FallbackK`` (each with one ``AdaptiveK`` per member)."""
+    return kind_of(drafter).new_policy(drafter, max_k)
+
+
+def policy_fits(policy: KPolicy | None, drafter: Drafter | None, max_k: int) -> bool:
+    """Whether a policy made before fits this request's drafter and max_k."""
+    return policy is not None and policy.max_k == max_k and kind_of(drafter).fits(policy, drafter)
+
+
+def speculation_for(
+    drafter: Drafter | None, policy: KPolicy | None, spec: SpecConfig
+) -> Speculation:
+    """A request's drafting: ``policy`` for k auto (None: a fixed ``spec.k``)."""
+    kind = kind_of(drafter)
+    if drafter is None:
+        return Speculation(None, None, 0)
+    if spec.adaptive:
+        assert policy is not None, "k auto drafts with a policy"
+        return kind(drafter, policy, spec.max_k)
+    assert isinstance(spec.k, int), "a fixed k is an int ('auto' is adaptive)"
+    if kind is ChoiceSpeculation and spec.k != 0:
+        raise ValueError(
+            f"drafter {drafter.name}: a choice of drafters is made from measured rounds, "
+            "as k is: use k=auto"
+        )
+    return kind(drafter, None, spec.k)
+
+
+def _chain_members(drafter: Drafter | None) -> list[str]:
+    """A fallback chain's member names, when distinct (else [])."""
+    if not isinstance(drafter, FallbackDrafter):
+        return []
+    names = [member.name for member in drafter.drafters]
+    return names if len(set(names)) == len(names) else []
