@@ -2,11 +2,12 @@
 
 python bench/load.py [--concurrency 2,4,8,16] [--workloads code,chat] [--max-tokens 48]
                      [--modes batched,batched-no-prefix,turns] [--bursts 3] [--out DIR]
-                     [--drafter RECIPE]
+                     [--drafter RECIPE] [--runtime int4|int8] [--compare-generate]
 
-Each mode is one `specdec serve --max-active 16` process (int8 pair, the default drafter
-or --drafter's, k auto): `batched` as shipped (one target pass per step for every active
-request, the draft passes batched too, a prompt prefix another request's cache holds copied),
+Each mode is one `specdec serve --max-active 16` process (the pair on --runtime, else on
+the runtimes serve chooses; the default drafter or --drafter's, k auto): `batched` as
+shipped (one target pass per step for every active request, the draft passes batched too,
+a prompt prefix another request's cache holds copied),
 `batched-no-prefix` with --no-prefix-sharing (every prompt computed in full), `turns` with
 --no-batching (requests take turns, one round each: the behaviour before continuous
 batching). After a warm-up request, each workload's prompts are
@@ -16,6 +17,9 @@ prompt (the workload's prompts in turn) at the same moment, --bursts times. Repo
 row: aggregate tokens/s (completion tokens / wall time of a burst; median, min and max over
 the bursts), median per-request tokens/s, time to
 first token p50/p99, and how many outputs equal the same prompt's solo output on that server.
+``--compare-generate``: each workload's prompts also through `specdec generate --json` (a
+process a prompt, the same runtime, drafter and max tokens), whose tokens/s the solo rows
+are set against (the server's goal: a single client within 10% of generate).
 Loopback only; the machine should be otherwise idle.
 """
 
@@ -204,6 +208,37 @@ def plot(table: list[dict], path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
+def generate_rates(workloads: list[str], max_tokens: int, flags: list[str]) -> dict:
+    """Each prompt through ``specdec generate --json`` (one process each): its tokens/s."""
+    rates: dict[str, dict[str, float]] = {}
+    for name in workloads:
+        rates[name] = {}
+        for item in load_workloads([name]):
+            template = "--chat" if item.template == "chat" else "--raw"
+            command = ["specdec", "generate", item.prompt, "--json", template]
+            command += ["--max-tokens", str(max_tokens), *flags]
+            if "--drafter" not in flags:
+                command += ["--drafter", "model"]  # serve's auto without heads
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            rates[name][item.id] = json.loads(done.stdout)["stats"]["tokens_per_second"]
+    return rates
+
+
+def generate_lines(table: list[dict], generated: dict) -> str:
+    """The solo rows against generate's rate on the same prompts."""
+    lines = ["| workload | serve, one client (tok/s, median request) | generate (median) | ratio |"]
+    lines.append("|---|---|---|---|")
+    for name, by_id in generated.items():
+        solo = next(row for row in table if row["workload"] == name and row["clients"] == 1)
+        serve_rate = solo["per_request_tokens_per_second"]
+        generate_rate = statistics.median(by_id.values())
+        lines.append(
+            f"| {name} | {serve_rate:.1f} | {generate_rate:.1f} | "
+            f"{serve_rate / generate_rate:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", default="2,4,8,16")
@@ -217,8 +252,11 @@ def main() -> int:
     parser.add_argument(
         "--drafter", help="the server's --drafter (default: its own, auto), e.g. lookup+model"
     )
+    parser.add_argument("--runtime", help="--dtype of both models (default: serve's auto)")
+    parser.add_argument("--compare-generate", action="store_true")
     args = parser.parse_args()
     drafter = ["--drafter", args.drafter] if args.drafter else []
+    drafter += ["--dtype", args.runtime] if args.runtime else []
     levels = [int(n) for n in args.concurrency.split(",")]
     workloads = args.workloads.split(",")
     results = {
@@ -227,6 +265,10 @@ def main() -> int:
     }
     table = summarize(results, args.max_tokens)
     text = markdown(table, "python bench/load.py " + " ".join(sys.argv[1:]))
+    if args.compare_generate:
+        generated = generate_rates(workloads, args.max_tokens, drafter)
+        results["generate"] = generated
+        text += "\n\n" + generate_lines(table, generated)
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

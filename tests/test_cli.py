@@ -418,8 +418,10 @@ def test_one_runtime_value_or_the_older_spelling_give_the_same_run(model_dirs, c
     assert "on float32" in capsys.readouterr().out
 
 
-def test_serve_takes_a_runtime_per_model(model_dirs):
-    """serve --target-runtime/--draft-runtime: the runtime values every command takes."""
+def test_serve_takes_a_runtime_per_model(model_dirs, tmp_path):
+    """serve --target-runtime/--draft-runtime: the runtime values every command takes; by
+    default both chosen as generate chooses (auto: int8 or int4, measured), so requests
+    batch."""
     from specdec.backends.quant.int8 import RowInt8Linear
     from specdec.cli import _server_config, build_parser
     from specdec.server.setup import build_scheduler
@@ -437,8 +439,17 @@ def test_serve_takes_a_runtime_per_model(model_dirs):
     assert not isinstance(scheduler.target_model.get_output_embeddings(), RowInt8Linear)
     assert exit_code(["serve", "--target-runtime", "tpu:fp8"]) == 2
     # --drafter auto without heads: the draft model, without generate's lookup in front
-    args = build_parser().parse_args(["serve", "--target", str(target), "--draft", str(draft)])
-    assert build_scheduler(_server_config(args, threads=None)).default_drafter == "model"
+    args = build_parser().parse_args(
+        ["serve", "--target", str(target), "--draft", str(draft), "--cache-dir", str(tmp_path)]
+    )
+    config = _server_config(args, threads=None)
+    assert (config.dtype, config.target_runtime, config.draft_runtime) == (None, "auto", "auto")
+    scheduler = build_scheduler(config)
+    assert scheduler.default_drafter == "model"
+    assert scheduler.batched is not None and scheduler.draft_batched is not None
+    verdicts = json.loads((tmp_path / "draft-runtime.json").read_text())
+    measured = [set(v["step_ms"]) for v in verdicts.values()]
+    assert {"int8", "int4"} in measured or {"int8"} in measured  # int4 where its kernel builds
 
 
 @pytest.mark.parametrize("int4_ms, expected", [(12.4, "int4"), (13.0, "llamacpp:q4_0")])

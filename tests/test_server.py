@@ -15,7 +15,8 @@ import uvicorn
 
 from helpers import backend, char_tokenizer, perturbed_copy, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.backends.quant.convert import make_int8_batch_invariant
+from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
+from specdec.backends.quant.int4 import RowInt4Linear
 from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.drafters import ModelDrafter
 from specdec.server import Scheduler, create_app
@@ -68,16 +69,18 @@ class Running:
         self.scheduler.stop()
 
 
-@pytest.fixture(scope="module", params=["float32", "int8"])
+@pytest.fixture(scope="module", params=["float32", "int8", "int4"])
 def models(request):
-    """float32: requests take turns, a round each; int8: every step is one batched pass
-    over all active requests (``BatchedModel``)."""
+    """float32: requests take turns, a round each; int8 and int4: every step is one batched
+    pass over all active requests (``BatchedModel``)."""
     tokenizer = char_tokenizer()
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     target = tiny_llama(seed=0)
     draft = perturbed_copy(target, noise=0.03, seed=1)
     if request.param == "int8":
         target, draft = make_int8_batch_invariant(target), make_int8_batch_invariant(draft)
+    if request.param == "int4":
+        target, draft = make_int4_batch_invariant(target), make_int4_batch_invariant(draft)
     return target, draft, tokenizer
 
 
@@ -241,8 +244,10 @@ def test_bad_input_gives_an_openai_error_and_the_server_keeps_serving(server, bo
     assert status == 200
 
 
-def test_the_int8_server_batches_and_the_float_one_takes_turns(server, models):
-    assert (server.scheduler.batched is not None) == isinstance(models[0].lm_head, RowInt8Linear)
+def test_the_int8_and_int4_servers_batch_and_the_float_one_takes_turns(server, models):
+    quantized = isinstance(models[0].lm_head, RowInt8Linear | RowInt4Linear)
+    assert (server.scheduler.batched is not None) == quantized
+    assert (server.scheduler.draft_batched is not None) == quantized
 
 
 def test_sixteen_parallel_streams_each_equal_their_request_alone(server, models):

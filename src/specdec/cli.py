@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve /v1/completions and /v1/chat/completions (streaming or not), "
         "/v1/models, /health and Prometheus /metrics. One worker thread decodes up to "
         "--max-active requests, each with its own KV caches; --max-queue more may wait, beyond "
-        "that the answer is 503. On the int8 runtime every step is one round of every active "
+        "that the answer is 503. On int8 and int4 (the default: chosen as generate chooses) "
+        "every step is one round of every active "
         "request in ONE target pass (continuous batching: each drafts, the target scores all "
         "of them at once, each accepts its own count; the draft model's passes are batched "
         "too), at most --max-rows rows per pass split evenly; each request's output is what "
@@ -193,18 +194,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--dtype",
         choices=TRANSFORMERS_DTYPES,
-        default="int8",
-        help="runtime of both models (default: int8)",
+        default=None,
+        help="runtime precision of both models (default: chosen as --target-runtime auto and "
+        "--draft-runtime auto say)",
     )
-    for role in ("target", "draft"):
-        serve.add_argument(
-            f"--{role}-runtime",
-            type=runtime_value,
-            metavar="RUNTIME",
-            help=f"runtime of the {role}: {RUNTIME_HELP} (default: --dtype). Requests are "
-            "batched only when the target runs on int8; on llama.cpp each request gets a "
-            "context of its own over the one loaded model",
-        )
+    serve.add_argument(
+        "--target-runtime",
+        type=runtime_value,
+        default="auto",
+        metavar="RUNTIME",
+        help=f"runtime of the target: {RUNTIME_HELP}. auto (default): as generate's, --dtype "
+        "when given, else whichever of int8 and int4 scores a 5-token verify pass faster "
+        "here (measured once). Requests are batched on int8 and int4; elsewhere they take "
+        "turns (on llama.cpp each gets a context of its own over the one loaded model)",
+    )
+    serve.add_argument(
+        "--draft-runtime",
+        type=runtime_value,
+        default="auto",
+        metavar="RUNTIME",
+        help=f"runtime of the draft: {RUNTIME_HELP}. auto (default): --dtype when given, else "
+        "int8 or int4, whichever steps the draft faster here (the target's own when within "
+        "5%%); not llama.cpp, whose passes cannot join the batch",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument(

@@ -173,6 +173,7 @@ def choose_draft_runtime(
     progress=None,
     dtype: str | None = None,
     target_runtime: str | None = None,
+    batched: bool = False,
 ) -> str:
     """``auto``: the runtime the draft steps fastest on here among ``dtype`` (when given, else
     int8 and int4) and, for a catalog draft with llama-cpp-python installed and passing its
@@ -181,7 +182,9 @@ def choose_draft_runtime(
     The target's own runtime is kept when its step is within ``SAME_RUNTIME_MARGIN`` of the
     fastest: then draft and target share one thread pool (measured on the AVX-512 EPYC: an
     int4 draft at 12.4 ms a step beat a llama.cpp one at 12.0 ms on all four workloads, 23 vs
-    24 ms a token on code, 32 vs 34 on chat). Other choices are returned as they are."""
+    24 ms a token on code, 32 vs 34 on chat). ``batched`` (the server): llama.cpp is not a
+    candidate, for its passes cannot join the other requests' in one batched pass. Other
+    choices are returned as they are."""
     if choice != "auto":
         return choice
     import importlib.util
@@ -191,7 +194,7 @@ def choose_draft_runtime(
 
     candidates = transformers_candidates(dtype)
     root = cache_root(cache_dir)
-    if importlib.util.find_spec("llama_cpp") is not None and draft in CATALOG:
+    if not batched and importlib.util.find_spec("llama_cpp") is not None and draft in CATALOG:
         from specdec.backends.probe import REBUILD, llamacpp_works
 
         gguf = ensure_gguf(lookup(draft), root, *([progress] if progress else []))

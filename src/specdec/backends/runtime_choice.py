@@ -115,8 +115,12 @@ def choose(
     except (OSError, ValueError):
         cached = {}
     entry = cached.get(key)
-    if entry and set(entry.get("step_ms", {})) == set(candidates):
-        return RuntimeChoice(**entry), False
+    if entry and set(candidates) <= set(entry.get("step_ms", {})):
+        # measured with these candidates and perhaps more (generate's draft choice counts
+        # llama.cpp, serve's does not): the fastest of these, without measuring again
+        steps = {runtime: entry["step_ms"][runtime] for runtime in candidates}
+        fastest = min(steps, key=lambda runtime: steps[runtime])
+        return RuntimeChoice(fastest, steps, entry["draft"], entry.get("role", role)), False
     steps = {runtime: measure(runtime) for runtime in candidates}
     choice = RuntimeChoice(min(steps, key=lambda runtime: steps[runtime]), steps, model, role)
     cached[key] = asdict(choice)

@@ -2,18 +2,18 @@
 
 Design: the models are shared and only this thread runs them. Each request gets its own
 Engine over its own target sequence (its own KV cache), so requests never see each other's
-state. On the int8 runtime (``backends/batched.py``) every step is one round of EVERY active
-request in one target pass (continuous batching, ``engine.step_together``): each drafts,
-the target scores all of them at once, each accepts its own count; finished requests leave
-and waiting ones join at the next step. ``max_rows`` caps the rows one pass scores, split
-evenly, so one request's k cannot slow the others. Whether a step drafts at all is learned
-per batch size (``controller.BatchDrafting``): a batch decoding plainly already uses the
-compute that speculation uses alone. On other runtimes active requests
-advance one round each in turn. Either way a long request cannot starve a short one. At
-most ``max_active`` requests are decoded at once and ``max_queue`` wait; more are refused
-(the app answers 503). A request whose client went away is dropped at its next step,
-freeing its slot. Adaptive-k controllers are shared per drafter kind: what one request
-teaches about acceptance and costs helps the next.
+state. On the int8 and int4 runtimes (``backends/batched.py``) every step is one round of
+EVERY active request in one target pass (continuous batching, ``engine.step_together``):
+each drafts, the target scores all of them at once, each accepts its own count; finished
+requests leave and waiting ones join at the next step. ``max_rows`` caps the rows one pass
+scores, split evenly, so one request's k cannot slow the others. Whether a step drafts at
+all is learned per batch size (``controller.BatchDrafting``): a batch decoding plainly
+already uses the compute that speculation uses alone. On other runtimes active requests
+advance one round each in turn. Either way a long request cannot starve a short one. At most
+``max_active`` requests are decoded at once and ``max_queue`` wait; more are refused (the
+app answers 503). A request whose client went away is dropped at its next step, freeing its
+slot. Adaptive-k controllers are shared per drafter kind: what one request teaches about
+acceptance and costs helps the next.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Scheduler:
         ``specdec.heads.load.Heads`` by kind (medusa, eagle) for the
         target model; each request gets its own drafter over its own backend.
         ``max_rows``: the rows one batched target pass may score. ``batching=False``:
-        requests take turns even on the int8 runtime (for comparison). ``prefix_sharing``:
+        requests take turns even on int8 and int4 (for comparison). ``prefix_sharing``:
         batched requests copy a prompt prefix another one's cache holds."""
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.batched = (

@@ -21,16 +21,16 @@ from specdec.server.scheduler import Scheduler
 class ServerConfig:
     target: str
     draft: str | None
-    dtype: str = "int8"
-    target_runtime: str | None = None  # a runtime value (specdec.runtime); None: dtype
-    draft_runtime: str | None = None
+    dtype: str | None = None  # both models' transformers precision; None: chosen (auto)
+    target_runtime: str = "auto"  # a runtime value (specdec.runtime), or auto: as generate
+    draft_runtime: str = "auto"  # auto: int8 or int4, measured (passes that batch)
     cache_dir: str | None = None
     drafter: str = "model"
     k: int | str = "auto"
     max_active: int = 8
     max_queue: int = 16
     max_rows: int = DEFAULT_MAX_ROWS  # rows one batched target pass may score
-    batching: bool = True  # int8: one target pass per step for every active request
+    batching: bool = True  # int8/int4: one target pass per step for every active request
     prefix_sharing: bool = True  # batched: copy a prompt prefix another request's cache holds
     threads: int | None = None  # torch threads (None: torch's default)
     limits: Limits = field(default_factory=Limits)
@@ -45,12 +45,15 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
     import torch
 
     from specdec.backends.llamacpp import LlamaCppModel
-    from specdec.runtime import parse_runtime
+    from specdec.runtime import choose_draft_runtime, choose_target_runtime, parse_runtime
 
     if config.threads:
         torch.set_num_threads(config.threads)
     extra = [progress] if progress is not None else []
-    target = parse_runtime(config.target_runtime or config.dtype).load(
+    target_on = choose_target_runtime(
+        config.target_runtime, config.target, config.cache_dir, progress, config.dtype
+    )
+    target = parse_runtime(target_on, config.dtype or "int8").load(
         config.target, config.cache_dir, *extra
     )
     default_drafter = config.drafter
@@ -64,7 +67,11 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
         sys.stderr.write(f"specdec: drafter auto -> {default_drafter} ({why})\n")
     draft = None
     if config.draft is not None and "model" in default_drafter:
-        loaded = parse_runtime(config.draft_runtime or config.dtype).load(
+        draft_on = choose_draft_runtime(
+            config.draft_runtime, config.draft, config.cache_dir, progress, config.dtype,
+            target_on, batched=True,
+        )  # fmt: skip
+        loaded = parse_runtime(draft_on, config.dtype or "int8").load(
             config.draft, config.cache_dir, *extra
         )
         draft = loaded if isinstance(loaded, LlamaCppModel) else loaded.model
