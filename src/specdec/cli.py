@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 
 from specdec.config import DEFAULT_MAX_ROWS, VERIFICATIONS, SamplingParams, SpecConfig
 from specdec.heads import command as heads_command
@@ -14,8 +13,8 @@ from specdec.prompting import encode_prompt, read_prompt_file
 from specdec.runtime import HELP as RUNTIME_HELP
 from specdec.runtime import (
     TRANSFORMERS_DTYPES,
-    choose_draft_runtime,
     choose_target_runtime,
+    load_draft,
     parse_runtime,
     runtime_value,
 )
@@ -723,15 +722,8 @@ def drafter_kinds(recipe: str) -> list[str]:
 
 def _build_engine(args: argparse.Namespace, recipe: str):
     from specdec.backends.compat import check_same_vocabulary
-    from specdec.backends.trim import trim_to_vocabulary_file
-    from specdec.drafters import (
-        Drafter,
-        ModelDrafter,
-        NGramDrafter,
-        NGramModel,
-        PromptLookupDrafter,
-    )
-    from specdec.drafters.recipe import build_drafter
+    from specdec.drafters import NGramModel
+    from specdec.drafters.recipe import DraftSources, build_drafter
     from specdec.engine import Engine
     from specdec.heads.load import load_drafter
     from specdec.progress import progress_bar
@@ -754,33 +746,24 @@ def _build_engine(args: argparse.Namespace, recipe: str):
             if why != NO_HEADS:  # the usual case for a new user says nothing
                 sys.stderr.write(f"specdec: drafter auto -> {recipe} ({why})\n")
 
-        target_on = runtime.name
-
-        def model_drafter() -> ModelDrafter:
-            # A trimmed vocabulary is a feature of the transformers runtimes: auto picks the
-            # target's own runtime then when it is int8 or int4 (one thread pool), else int8.
-            choice = (
-                (target_on if target_on in ("int8", "int4") else "transformers")
-                if args.draft_vocab and args.draft_runtime == "auto"
-                else choose_draft_runtime(
-                    args.draft_runtime, args.draft, args.cache_dir, progress, args.dtype, chosen
-                )
-            )
-            runtime = parse_runtime(choice, dtype, args.gguf_type or "q4_0")
-            draft = runtime.load(args.draft, args.cache_dir, progress)
+        def draft_model():
+            draft, _ = load_draft(
+                args.draft, args.draft_runtime, args.cache_dir, progress, args.dtype, runtime.name,
+                args.draft_vocab, gguf_type=args.gguf_type or "q4_0",
+            )  # fmt: skip
             check_same_vocabulary(target, draft)
-            if args.draft_vocab:
-                trim_to_vocabulary_file(draft, args.draft_vocab)
-            return ModelDrafter(draft)
+            return draft
 
-        factories: dict[str, Callable[[], Drafter]] = {
-            "model": model_drafter,
-            "lookup": lambda: PromptLookupDrafter(args.lookup_max_ngram, args.lookup_min_ngram),
-            "ngram": lambda: NGramDrafter(NGramModel.load(args.ngram_model)),
-            "medusa": lambda: load_drafter("medusa", target, args.cache_dir, args.target),
-            "eagle": lambda: load_drafter("eagle", target, args.cache_dir, args.target),
-        }
-        drafter = build_drafter(recipe if args.k != 0 else "none", factories)
+        def heads(kind: str):
+            return lambda: load_drafter(kind, target, args.cache_dir, args.target)
+
+        sources = DraftSources(
+            draft_model=draft_model,
+            heads={kind: heads(kind) for kind in ("medusa", "eagle")},
+            ngram_model=(lambda: NGramModel.load(args.ngram_model)) if args.ngram_model else None,
+            lookup_ngrams=(args.lookup_max_ngram, args.lookup_min_ngram),
+        )
+        drafter = build_drafter(recipe if args.k != 0 else "none", sources)
     return Engine(target, drafter)
 
 

@@ -16,6 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from specdec.backends.base import Backend
 from specdec.models import GGUF_TYPES
 
 TRANSFORMERS_DTYPES = ("int8", "int4", "bfloat16", "float32")
@@ -223,3 +224,34 @@ def choose_draft_runtime(
     if measured:
         sys.stderr.write(f"specdec: draft runtime auto -> {runtime} ({why})\n")
     return runtime
+
+
+def load_draft(
+    draft: str,
+    choice: str = "auto",
+    cache_dir: str | None = None,
+    progress=None,
+    dtype: str | None = None,
+    target_runtime: str | None = None,
+    vocabulary: str | None = None,
+    batched: bool = False,
+    gguf_type: str = "q4_0",
+) -> tuple[Backend, Runtime]:
+    """The draft model as a backend, and the runtime it runs on: ``choice``, or for ``auto``
+    the one ``choose_draft_runtime`` measures fastest. A trimmed ``vocabulary`` file (``specdec
+    vocab build``) is a feature of the transformers runtimes: with auto the draft then runs on
+    the target's runtime when that is int8 or int4 (one thread pool), else on --dtype's. The
+    one rule for generate, serve, the bench and heads eval."""
+    from specdec.backends.trim import trim_to_vocabulary_file
+
+    if vocabulary and choice == "auto":
+        chosen = target_runtime if target_runtime in ("int8", "int4") else "transformers"
+    else:
+        chosen = choose_draft_runtime(
+            choice, draft, cache_dir, progress, dtype, target_runtime, batched
+        )
+    runtime = parse_runtime(chosen, dtype or "int8", gguf_type)
+    backend = runtime.load(draft, cache_dir, progress)
+    if vocabulary:
+        trim_to_vocabulary_file(backend, vocabulary)
+    return backend, runtime

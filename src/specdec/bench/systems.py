@@ -9,6 +9,7 @@ weights; caches start empty for every run, so no system gets a prefix for free.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -28,8 +29,15 @@ from specdec.bench.openvino import OpenVinoSystem
 from specdec.bench.output import RunOutput
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import KPolicy
-from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
-from specdec.drafters.recipe import KINDS, build_drafter, describe_recipe, is_choice, is_recipe
+from specdec.drafters import Drafter
+from specdec.drafters.recipe import (
+    KINDS,
+    DraftSources,
+    build_drafter,
+    describe_recipe,
+    is_choice,
+    is_recipe,
+)
 from specdec.engine import Engine
 from specdec.runtime import TRANSFORMERS_DTYPES, parse_runtime
 
@@ -405,14 +413,15 @@ def make_system(
     k = "auto" if k_text == "auto" else int(k_text[1:])
 
     def make_drafter(target) -> Drafter | None:
-        made: dict[str, Callable[[], Drafter]] = {
-            "model": lambda: ModelDrafter(pool.backend("draft", runtime.draft)),
-            "lookup": PromptLookupDrafter,
-            "ngram": lambda: NGramDrafter(ngram),
-            "medusa": lambda: pool.heads_drafter("medusa", target),
-            "eagle": lambda: pool.heads_drafter("eagle", target),
-        }
-        return build_drafter(drafter, made)
+        sources = DraftSources(
+            draft_model=lambda: pool.backend("draft", runtime.draft),
+            heads={
+                kind: functools.partial(pool.heads_drafter, kind, target)
+                for kind in ("medusa", "eagle")
+            },
+            ngram_model=(lambda: ngram) if ngram is not None else None,
+        )
+        return build_drafter(drafter, sources)
 
     return SpecdecSystem(name, pool, runtime, make_drafter, k, verification)
 

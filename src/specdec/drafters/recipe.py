@@ -1,19 +1,26 @@
-"""Drafter recipes, parsed and built in one place for the CLI, the server and the bench.
+"""Drafter recipes, parsed and built in one place for the CLI, the server, the bench and
+the heads commands.
 
 A recipe is ``none``, a '+'-joined fallback chain of drafter kinds (``model``,
 ``lookup+model``), or a '/'-joined choice of chains (``model/eagle``,
 ``lookup+model/lookup+eagle``): each round one chain drafts, chosen from measured rounds
 (``controller.DrafterChoice``; k=auto only). ``build_drafter`` turns the kinds into drafters
-with the factories the caller has (a server without a draft model offers no ``model``).
+from the ``DraftSources`` the caller has (a server without a draft model offers no
+``model``): a new drafter's parts are made here and nowhere else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from itertools import combinations
+from typing import Any
 
 from specdec.drafters.base import Drafter
 from specdec.drafters.composite import ChoiceDrafter, FallbackDrafter
+from specdec.drafters.lookup import PromptLookupDrafter
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NGramDrafter, NGramModel
 
 KINDS = {
     "model": "draft model",
@@ -81,8 +88,44 @@ def describe_recipe(recipe: str) -> str:
     return " or ".join(described) + ", whichever measures faster"
 
 
-def build_drafter(recipe: str, factories: Mapping[str, Callable[[], Drafter]]) -> Drafter | None:
-    """The drafter for ``recipe`` (None for ``none``); a kind without a factory is refused."""
+@dataclass(frozen=True)
+class DraftSources:
+    """What a command has to draft with; each part is made only when a recipe needs it.
+
+    ``draft_model``: a new sequence of the draft model (a backend with its own cache);
+    ``heads``: by kind (medusa, eagle), a new heads drafter over the request's target;
+    ``ngram_model``: the n-gram model; ``lookup_ngrams``: prompt lookup's (max, min) match
+    (min None: 1 alone, 2 in front of another drafter). A kind whose part is missing is not
+    available (``kinds``)."""
+
+    draft_model: Callable[[], Any] | None = None
+    heads: Mapping[str, Callable[[], Drafter]] = field(default_factory=dict)
+    ngram_model: Callable[[], NGramModel] | None = None
+    lookup_ngrams: tuple[int, int | None] = (3, None)
+
+    def factories(self) -> dict[str, Callable[[], Drafter]]:
+        """Every available kind's drafter factory."""
+        made: dict[str, Callable[[], Drafter]] = {
+            "lookup": lambda: PromptLookupDrafter(*self.lookup_ngrams)
+        }
+        if (draft_model := self.draft_model) is not None:
+            made["model"] = lambda: ModelDrafter(draft_model())
+        if (ngram_model := self.ngram_model) is not None:
+            made["ngram"] = lambda: NGramDrafter(ngram_model())
+        return made | dict(self.heads)
+
+    def kinds(self) -> list[str]:
+        """The kinds available: lookup, the draft model, the n-gram model, then the heads."""
+        made = self.factories()
+        return [k for k in ("lookup", "model", "ngram") if k in made] + sorted(self.heads)
+
+
+def build_drafter(
+    recipe: str, sources: DraftSources | Mapping[str, Callable[[], Drafter]]
+) -> Drafter | None:
+    """The drafter for ``recipe`` (None for ``none``) from ``sources`` (or factories by
+    kind); a kind that is not available is refused."""
+    factories = sources.factories() if isinstance(sources, DraftSources) else sources
     chains = parse_choice(recipe)
     missing = [kind for kind in parse_recipe(recipe) if kind not in factories]
     if missing:

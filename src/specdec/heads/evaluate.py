@@ -173,22 +173,14 @@ def run_command(
     max_k = args.max_k
     label = args.kind
     if args.kind == "model":
-        from specdec.backends.trim import trim_to_vocabulary_file
         from specdec.drafters import ModelDrafter
-        from specdec.runtime import choose_draft_runtime, parse_runtime
+        from specdec.runtime import load_draft
 
-        choice = (
-            "transformers"
-            if args.draft_vocab and args.draft_runtime == "auto"
-            else choose_draft_runtime(
-                args.draft_runtime, args.draft, args.cache_dir, progress, args.dtype
-            )
-        )
-        draft_runtime_value = parse_runtime(choice, args.dtype, "q4_0")
-        runtime = draft_runtime_value.engine  # the label keeps the engine, as before
-        draft = draft_runtime_value.load(args.draft, args.cache_dir, progress)
-        if args.draft_vocab:
-            trim_to_vocabulary_file(draft, args.draft_vocab)
+        draft, draft_on = load_draft(
+            args.draft, args.draft_runtime, args.cache_dir, progress, args.dtype, args.dtype,
+            args.draft_vocab,
+        )  # fmt: skip
+        runtime = draft_on.engine  # the label keeps the engine, as before
         default = args.draft_runtime == "auto" and not args.draft_vocab
         label = (
             "model" if default else f"model-{runtime}" + ("-trimmed" if args.draft_vocab else "")

@@ -32,8 +32,9 @@ from specdec.backends.hf import HFModel
 from specdec.backends.llamacpp import LlamaCppModel
 from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
-from specdec.drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from specdec.drafters import Drafter
 from specdec.drafters.recipe import (
+    DraftSources,
     available_recipes,
     build_drafter,
     is_choice,
@@ -139,8 +140,7 @@ class Scheduler:
         return set(parse_choice(recipe)) in offered
 
     def _kinds(self) -> list[str]:
-        model = ["model"] if self.draft_model is not None else []
-        return ["lookup", *model, *sorted(self.heads)]
+        return self._sources().kinds()
 
     @property
     def max_length(self) -> int | None:
@@ -232,14 +232,17 @@ class Scheduler:
         return engine.begin(job.prompt_ids, job.params, job.spec)
 
     def _drafter(self, recipe: str, target: Backend) -> Drafter | None:
-        factories: dict[str, Callable[[], Drafter]] = {"lookup": PromptLookupDrafter}
+        return build_drafter(recipe, self._sources(target))
+
+    def _sources(self, target: Backend | None = None) -> DraftSources:
+        """What this server drafts with, for a request over ``target`` (None: which kinds)."""
+        draft_model: Callable[[], Backend] | None = None
         if (draft_batched := self.draft_batched) is not None:
-            factories["model"] = lambda: ModelDrafter(draft_batched.sequence())
-        elif self.draft_model is not None:
-            factories["model"] = lambda: ModelDrafter(new_sequence(self.draft_model))
-        for kind, heads in self.heads.items():
-            factories[kind] = functools.partial(heads.drafter, target)
-        return build_drafter(recipe, factories)
+            draft_model = draft_batched.sequence
+        elif (model := self.draft_model) is not None:
+            draft_model = functools.partial(new_sequence, model)
+        heads = {kind: functools.partial(h.drafter, target) for kind, h in self.heads.items()}
+        return DraftSources(draft_model=draft_model, heads=heads)
 
     def _advance(self, entry: _Active) -> None:
         """One round of one job; a job that is over (done, failed or abandoned) leaves."""
