@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import cast
 
 from fastapi import FastAPI
 
@@ -44,8 +45,9 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
     not started yet."""
     import torch
 
+    from specdec.backends.hf import HFModel
     from specdec.backends.llamacpp import LlamaCppModel
-    from specdec.runtime import choose_draft_runtime, choose_target_runtime, parse_runtime
+    from specdec.runtime import choose_target_runtime, load_draft, parse_runtime
 
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -67,14 +69,12 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
         sys.stderr.write(f"specdec: drafter auto -> {default_drafter} ({why})\n")
     draft = None
     if config.draft is not None and "model" in default_drafter:
-        draft_on = choose_draft_runtime(
-            config.draft_runtime, config.draft, config.cache_dir, progress, config.dtype,
+        loaded, _ = load_draft(
+            config.draft, config.draft_runtime, config.cache_dir, progress, config.dtype,
             target_on, batched=True,
         )  # fmt: skip
-        loaded = parse_runtime(draft_on, config.dtype or "int8").load(
-            config.draft, config.cache_dir, *extra
-        )
-        draft = loaded if isinstance(loaded, LlamaCppModel) else loaded.model
+        # the scheduler makes each request's sequences over the loaded model itself
+        draft = loaded if isinstance(loaded, LlamaCppModel) else cast(HFModel, loaded).model
     scheduler = Scheduler(
         target if isinstance(target, LlamaCppModel) else target.model,
         target.tokenizer,
