@@ -10,7 +10,7 @@ Exactness: on the batch-invariant int8 runtime (``backends/quant/``) every row o
 is computed as it would be alone: the linear layers, norms and activation are row-invariant,
 and attention runs one query row at a time over its own sequence's cache. So a sequence
 gets the same logits, bit for bit, in a batch of any company as alone, and as from
-``HFModel`` over the same model (``tests/test_batched.py``). Only the int8 runtime with
+``HFModel`` over the same model (``tests/backends/test_batched.py``). Only the int8 runtime with
 fused Llama-family layers (``quant/fused.py``) is supported; ``supports(model)``
 says whether a model is. If a pass fails, every sequence is cut back to what it held.
 

@@ -7,7 +7,7 @@ The prompts are made from templates, in a fixed shuffled order (a time budget sa
 kinds). None is about a topic of the shipped chat benchmark (``bench/workloads/chat.jsonl``:
 recursion, lists and tuples, readable code, the colour of the sky, processes and threads,
 variable names, operating systems, REST APIs), so heads trained on them are measured there
-on requests they have not seen (``tests/test_heads_data.py`` checks it).
+on requests they have not seen (``tests/heads/test_heads_data.py`` checks it).
 """
 
 from __future__ import annotations

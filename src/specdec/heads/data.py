@@ -17,7 +17,7 @@ temperature 0.7 with a seed per prompt: the text the heads will have to guess wh
 chat. Prompt + reply, one after another, are cut into chunks of the same length. Their
 features are the ones the target made while writing the reply: on a batch-invariant runtime
 (int8, int4) a pass over a block equals its steps bit for bit, so these are the prefill's
-features without a second pass over the text (``tests/test_heads_data.py``); replies read
+features without a second pass over the text (``tests/heads/test_heads_data.py``); replies read
 back from an earlier run, or written on another runtime, are run again in prefill. The
 replies are saved as they are written (``builtin-replies.jsonl``, ``replies.jsonl``), so a
 rerun continues without generating them again. Each source keeps its own count of chunks,
@@ -157,7 +157,7 @@ def replies(
     each (continuous batching: a finished reply's place goes to the next prompt), where the
     target is on a batch-invariant runtime (``backends/batched.py``): every row of a pass is
     computed as it would be alone, so each reply is the one the target writes alone with its
-    seed (``tests/test_heads_data.py``). Measured on the 2-core AMD EPYC with the int4 1.5B:
+    seed (``tests/heads/test_heads_data.py``). Measured on the 2-core AMD EPYC with the int4 1.5B:
     32 replies of 40 tokens in 11.1 s, 115 reply tokens a second with the prompts' prefill,
     where one request alone decodes about 42."""
     from specdec.prompting import encode_prompt

@@ -2,8 +2,6 @@
 
 import http.client
 import json
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -11,109 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-import uvicorn
 
-from helpers import backend, char_tokenizer, perturbed_copy, tiny_llama
-from specdec import Engine, SamplingParams, SpecConfig
-from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
+from helpers import backend
+from servers import MODEL, Running, alone, post
+from specdec import Engine, SamplingParams
 from specdec.backends.quant.int4 import RowInt4Linear
 from specdec.backends.quant.int8 import RowInt8Linear
-from specdec.drafters import ModelDrafter
-from specdec.server import Scheduler, create_app
-
-MODEL = "tiny-test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Running:
-    def __init__(
-        self,
-        target,
-        draft,
-        tokenizer,
-        limits=None,
-        api_key=None,
-        allowed_hosts=None,
-        **scheduler_options,
-    ):
-        self.scheduler = Scheduler(target, tokenizer, draft, **scheduler_options)
-        self.scheduler.start()
-        self.app = create_app(
-            self.scheduler,
-            MODEL,
-            default_k=3,
-            limits=limits,
-            api_key=api_key,
-            allowed_hosts=allowed_hosts,
-        )
-        self.port = free_port()
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.scheduler.stop()
-
-
-@pytest.fixture(scope="module", params=["float32", "int8", "int4"])
-def models(request):
-    """float32: requests take turns, a round each; int8 and int4: every step is one batched
-    pass over all active requests (``BatchedModel``)."""
-    tokenizer = char_tokenizer()
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-    target = tiny_llama(seed=0)
-    draft = perturbed_copy(target, noise=0.03, seed=1)
-    if request.param == "int8":
-        target, draft = make_int8_batch_invariant(target), make_int8_batch_invariant(draft)
-    if request.param == "int4":
-        target, draft = make_int4_batch_invariant(target), make_int4_batch_invariant(draft)
-    return target, draft, tokenizer
-
-
-@pytest.fixture(scope="module")
-def server(models):
-    running = Running(*models, max_active=4, max_queue=32)
-    yield running
-    running.close()
-
-
-@pytest.fixture
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def alone(models, prompt: str, max_tokens: int, k, seed=None, temperature=0.0, stop=()):
-    """What the engine gives for this request by itself."""
-    target, draft, tokenizer = models
-    engine = Engine(backend(target, tokenizer), ModelDrafter(backend(draft)))
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, stop=stop)
-    return engine.generate(tokenizer.encode(prompt), params, SpecConfig(k=k))
-
-
-def post(server, path, body: bytes | dict):
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(
-        server.url + path, data=data, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
 
 
 def test_completion_equals_the_engine_alone(client, models):

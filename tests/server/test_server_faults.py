@@ -13,19 +13,19 @@ import urllib.request
 import pytest
 
 from helpers import backend
+from servers import Running, post
 from specdec import Engine, SamplingParams
 from specdec.engine import Run
-from test_server import Running, models, post  # noqa: F401  (fixture re-used)
 
 
 @pytest.fixture(scope="module")
-def server(models):  # noqa: F811
+def server(models):
     running = Running(*models, max_active=2, max_queue=8)
     yield running
     running.close()
 
 
-def test_a_temperature_float32_cannot_divide_by_is_greedy(server, models):  # noqa: F811
+def test_a_temperature_float32_cannot_divide_by_is_greedy(server, models):
     # Issue 45.1: 1e-300 is 0 in float32; the server answered 500 every time.
     target, _, tokenizer = models
     greedy = Engine(backend(target, tokenizer)).generate(
@@ -63,7 +63,7 @@ def test_drafter_recipes_are_a_bounded_set(server):
 
 
 @pytest.fixture(scope="module")
-def refusing_template(models):  # noqa: F811
+def refusing_template(models):
     target, draft, tokenizer = models
     tokenizer = tokenizer.__class__(tokenizer_object=tokenizer.backend_tokenizer)
     tokenizer.chat_template = (
@@ -88,7 +88,7 @@ def test_a_chat_template_that_refuses_the_messages_is_a_400(refusing_template):
     assert status == 200
 
 
-def test_a_tokenizer_without_a_chat_template_is_a_400(models):  # noqa: F811
+def test_a_tokenizer_without_a_chat_template_is_a_400(models):
     target, draft, tokenizer = models
     bare = tokenizer.__class__(tokenizer_object=tokenizer.backend_tokenizer)
     bare.chat_template = None
@@ -154,7 +154,7 @@ def _gauge(running, name: str) -> float:
     return float(line.split()[-1])
 
 
-def test_a_client_that_leaves_while_queued_gives_its_place_back(models, monkeypatch):  # noqa: F811
+def test_a_client_that_leaves_while_queued_gives_its_place_back(models, monkeypatch):
     # Issue 45.11: a queued job kept its place until it reached an active slot, so clients
     # that left could keep the queue full and others got 503.
     original = Run.finish_round

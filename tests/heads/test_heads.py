@@ -712,7 +712,7 @@ def test_heads_arguments_are_checked_before_the_target_loads(tmp_path, capsys, m
 
 
 def test_server_drafts_with_heads_per_request(target_model, tokenizer, trained):
-    from test_server import MODEL, Running, post
+    from servers import MODEL, Running, post
 
     heads = {kind: trained[kind][0] for kind in KINDS}
     running = Running(target_model, None, tokenizer, heads=heads, max_active=4)

@@ -21,12 +21,12 @@ import openai
 import pytest
 
 from helpers import char_tokenizer, tiny_llama
+from servers import MODEL, Running, post
 from specdec.server.guard import Limits
-from test_server import MODEL, Running, models, post  # noqa: F401  (fixture re-used)
 
 
 @pytest.fixture(scope="module")
-def server(models):  # noqa: F811
+def server(models):
     running = Running(*models, max_active=2, max_queue=4, limits=Limits(max_body_bytes=100_000))
     yield running
     running.close()
@@ -100,7 +100,7 @@ def test_a_lone_surrogate_is_400(server, body):
     assert status == 400 and "surrogate" in error_of(data)["message"]
 
 
-def test_sequential_requests_never_get_503(models):  # noqa: F811
+def test_sequential_requests_never_get_503(models):
     running = Running(*models, max_active=1, max_queue=0)
     try:
         for i in range(40):
@@ -216,7 +216,7 @@ def test_metrics_show_no_active_requests_when_idle(server):
     assert "specdec_active_requests 0.0" in data.decode()
 
 
-def test_an_api_key_is_required_when_set(models):  # noqa: F811
+def test_an_api_key_is_required_when_set(models):
     running = Running(*models, api_key="sesame")
     try:
         status, _, data = raw(running, "POST", "/v1/completions", b'{"prompt": "x"}')
@@ -236,7 +236,7 @@ def test_an_api_key_is_required_when_set(models):  # noqa: F811
         running.close()
 
 
-def test_a_foreign_host_header_is_refused_on_loopback(models):  # noqa: F811
+def test_a_foreign_host_header_is_refused_on_loopback(models):
     running = Running(*models, allowed_hosts=("127.0.0.1", "localhost", "::1"))
     try:
         assert raw(running, "GET", "/health")[0] == 200
@@ -263,7 +263,7 @@ finally:
 
 
 def test_sigterm_ends_the_server_in_bounded_time_with_a_request_in_flight(tmp_path: Path):
-    from test_server import free_port
+    from servers import free_port
 
     port = free_port()
     script = tmp_path / "serve.py"

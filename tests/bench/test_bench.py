@@ -318,7 +318,7 @@ def test_the_machine_line_names_the_cpu_kind_and_any_held_kernels(monkeypatch):
 
 
 def _run_by_run():
-    path = Path(__file__).resolve().parents[1] / "bench" / "run_by_run.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "run_by_run.py"
     spec = importlib.util.spec_from_file_location("run_by_run", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -181,7 +181,7 @@ def test_the_server_decodes_each_request_on_its_own_llamacpp_sequence(model):
 
     import openai
 
-    from test_server import MODEL, Running
+    from servers import MODEL, Running
 
     running = Running(model, model, model.tokenizer, max_active=4)
     try:

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from helpers import char_tokenizer, perturbed_copy, tiny_llama
-from test_server import MODEL, Running, free_port
+from servers import MODEL, Running, free_port
 
 ray = pytest.importorskip("ray", reason="Ray Serve (the cluster extra) is not installed")
 pytestmark = pytest.mark.slow
