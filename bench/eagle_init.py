@@ -66,11 +66,11 @@ def main() -> None:
     if unknown := set(arms) - set(ARMS):
         parser.error(f"unknown arms {sorted(unknown)}: {', '.join(ARMS)}")
 
-    from specdec.cli import target_runtime
     from specdec.loading import load_backend, model_directory
     from specdec.models import DEFAULT_TARGET
+    from specdec.runtime import choose_target_runtime
 
-    runtime = target_runtime("auto", DEFAULT_TARGET, None, None)
+    runtime = choose_target_runtime("auto", DEFAULT_TARGET, None, None)
     target = load_backend(DEFAULT_TARGET, runtime)
     fingerprint = target_fingerprint(target.model)
     entry = store.entry_dir(None, fingerprint, DEFAULT_TARGET)
