@@ -423,7 +423,8 @@ def test_serve_takes_a_runtime_per_model(model_dirs, tmp_path):
     default both chosen as generate chooses (auto: int8 or int4, measured), so requests
     batch."""
     from specdec.backends.quant.int8 import RowInt8Linear
-    from specdec.cli import _server_config, build_parser
+    from specdec.cli import build_parser
+    from specdec.cli.serve import server_config as _server_config
     from specdec.server.setup import build_scheduler
 
     target, draft = model_dirs

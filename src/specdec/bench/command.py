@@ -9,6 +9,7 @@ import platform
 import sys
 from pathlib import Path
 
+from specdec.arguments import add_cache_dir
 from specdec.bench.harness import (
     WORKLOADS,
     load_workload_file,
@@ -105,7 +106,7 @@ def add_parser(commands) -> None:
         "are also tested position by position against the target's distribution",
     )
     p.add_argument("--out", help="report folder (default: bench/results/DATE)")
-    p.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
+    add_cache_dir(p)
 
 
 def run(args: argparse.Namespace) -> int:

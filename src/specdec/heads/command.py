@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from specdec.arguments import add_cache_dir
 from specdec.heads.data import CORPUS_SUFFIXES
 from specdec.heads.evaluate import POSITIONS_PER_CHUNK
 from specdec.heads.make import REPLY_TOKENS
@@ -276,9 +277,7 @@ def add_parser(commands, parser_class) -> None:
     _common(making)
 
     listing = sub.add_parser("list", help="heads trained for each target in the cache")
-    listing.add_argument(
-        "--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
-    )
+    add_cache_dir(listing)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -299,7 +298,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--data",
         help="data directory (default: the target's entry in the heads cache)",
     )
-    p.add_argument("--cache-dir", help="model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)")
+    add_cache_dir(p)
 
 
 def run(args: argparse.Namespace) -> int:

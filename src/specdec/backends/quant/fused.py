@@ -10,8 +10,9 @@ read it.
 Exactness: fbgemm computes every output column from the same quantized row with that
 column's own weight row and scale, and integer accumulation is exact, so the fused
 product's columns are the separate products bit for bit; the modules below do the
-transformers modules' arithmetic in the same order (``tests/backends/quant/test_int8.py`` compares logits
-with and without fusion, bit for bit). Modules of another shape are left as they are.
+transformers modules' arithmetic in the same order (``tests/backends/quant/test_int8.py``
+compares logits with and without fusion, bit for bit). Modules of another shape are left
+as they are.
 """
 
 from __future__ import annotations

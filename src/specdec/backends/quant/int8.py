@@ -30,8 +30,8 @@ Where the int4 kernel builds (a C++ compiler), the norms, the SiLU-gated product
 mix and attention of Llama-family layers run in its row operations instead
 (``kernels/row_ops.cpp``: each row alone, by one thread, in a fixed order), one call a pass
 each, with KV caches written in place (``convert.use_row_kernels``); the forms above remain
-where it does not build. ``tests/backends/quant/test_int8.py`` checks block == steps bit for bit at the
-1.5B's layer sizes with 1, 2, 3, 4 and 8 threads, both ways.
+where it does not build. ``tests/backends/quant/test_int8.py`` checks block == steps bit for
+bit at the 1.5B's layer sizes with 1, 2, 3, 4 and 8 threads, both ways.
 """
 
 from __future__ import annotations

