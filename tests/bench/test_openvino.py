@@ -44,3 +44,40 @@ def test_openvino_with_the_draft_model_decodes_what_it_decodes_alone(tmp_path):
     rows = json.loads((out / "results.json").read_text())["summary"]
     speculative = next(row for row in rows if row["system"] == "openvino-int4-model")
     assert speculative["reference"] == "openvino-int4" and speculative["identical"] == 1.0
+
+
+CHECK_SIGNALS = """
+import faulthandler, os, signal, time
+faulthandler.enable()  # as pytest does: the thread then has an alternate signal stack
+import numpy as np, openvino as ov
+from openvino import opset13 as ops
+from specdec.bench.openvino import signal_stack_kept
+def compiled():  # with a Core of its own, as each LLMPipeline has
+    x = ops.parameter([1, 4], np.float32)
+    with signal_stack_kept():
+        core = ov.Core()
+        return core, core.compile_model(ov.Model([ops.relu(x)], [x]), "CPU")
+models = [compiled(), compiled()]
+del models[0]  # freed in the order they were made
+del models[0]
+def stop(signum, frame):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGTERM, stop)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_a_signal_after_openvino_models_are_freed_is_an_interrupt_not_a_crash():
+    # OpenVINO's CPU plugin left the main thread on a freed signal stack, so a SIGTERM
+    # after a bench of two OpenVINO systems was a segfault (it took the test suite down).
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK_SIGNALS], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "interrupted", done

@@ -12,7 +12,11 @@ Identity is judged against the same OpenVINO form's plain run (its numerics are 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +63,8 @@ class OpenVinoSystem:
         pipeline = self._load()
         config = self._config(params)
         started = time.perf_counter()
-        result = pipeline.generate(ov.Tensor(np.array([prompt_ids], dtype=np.int64)), config)
+        with signal_stack_kept():
+            result = pipeline.generate(ov.Tensor(np.array([prompt_ids], dtype=np.int64)), config)
         seconds = time.perf_counter() - started
         return RunOutput([int(t) for t in result.tokens[0]], seconds, None, peer=True)
 
@@ -74,10 +79,11 @@ class OpenVinoSystem:
             path: Path = self.model_file("target")
             started = time.perf_counter()
             options: dict[str, Any] = {"prompt_lookup": True} if self.prompt_lookup else {}
-            if self.with_draft:
-                draft = str(self.model_file("draft"))
-                options["draft_model"] = openvino_genai.draft_model(draft, "CPU")
-            self._pipeline = openvino_genai.LLMPipeline(str(path), "CPU", **options)
+            with signal_stack_kept():
+                if self.with_draft:
+                    draft = str(self.model_file("draft"))
+                    options["draft_model"] = openvino_genai.draft_model(draft, "CPU")
+                self._pipeline = openvino_genai.LLMPipeline(str(path), "CPU", **options)
             self.setup_note = f"loaded in {time.perf_counter() - started:.1f} s"
         return self._pipeline
 
@@ -107,3 +113,33 @@ def exported_dir(cache_root: Path, name: str) -> Path:
     if not (path / "openvino_model.xml").is_file():
         raise ValueError(f"{path} is missing: export the pair once with bench/openvino_export.sh")
     return path
+
+
+class _SignalStack(ctypes.Structure):  # Linux's stack_t
+    _fields_ = [
+        ("ss_sp", ctypes.c_void_p),
+        ("ss_flags", ctypes.c_int),
+        ("ss_size", ctypes.c_size_t),
+    ]
+
+
+@contextlib.contextmanager
+def signal_stack_kept() -> Iterator[None]:
+    """Give the calling thread back its own alternate signal stack after OpenVINO work.
+
+    OpenVINO's CPU plugin (2026.4.1) gives the thread that compiles a model an alternate
+    signal stack of its own and, when the model is freed, puts back the one it found. Two
+    models freed in the order they were made (a bench's ``openvino`` then
+    ``openvino-lookup``) leave the thread on the first model's freed stack, and the next
+    signal Python handles there (Ctrl-C, SIGTERM) is a segfault instead of an interrupt.
+    Keeping the thread's own stack in place makes every model find, and put back, that one."""
+    if sys.platform != "linux":
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    own = _SignalStack()
+    libc.sigaltstack(None, ctypes.byref(own))
+    try:
+        yield
+    finally:
+        libc.sigaltstack(ctypes.byref(own), None)
