@@ -187,6 +187,7 @@ class Scheduler:
                 )
             self._admitted += 1
             self._pending.append(job)
+            self.on_queue_change(len(self._pending), len(self._active))  # not at the next round
             self._wake.notify()
 
     # ---- the worker thread --------------------------------------------------------
