@@ -159,11 +159,13 @@ def test_a_client_that_leaves_while_queued_gives_its_place_back(models, monkeypa
     # Issue 45.11: a queued job kept its place until it reached an active slot, so clients
     # that left could keep the queue full and others got 503.
     original, released = Run.finish_round, threading.Event()
+    prompt = "hold the slot"
+    hold = models[2].encode(prompt)
 
     def held(self, *args, **kwargs):
-        # The first request ("hold ...") holds the only active slot until the test is done:
-        # its rounds after the first wait, whatever the runtime would decode.
-        if self.context[:2] == [8, 15] and self.stats.rounds >= 1:
+        # The first request holds the only active slot until the test is done: its rounds
+        # after the first wait, whatever the runtime would decode.
+        if self.context[: len(hold)] == hold and self.stats.rounds >= 1:
             released.wait(timeout=30)
         return original(self, *args, **kwargs)
 
@@ -171,7 +173,7 @@ def test_a_client_that_leaves_while_queued_gives_its_place_back(models, monkeypa
     running = Running(*models, max_active=1, max_queue=1)
     try:
         first = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
-        body = {"prompt": "hold the slot", "max_tokens": 200, "stream": True, "temperature": 0}
+        body = {"prompt": prompt, "max_tokens": 200, "stream": True, "temperature": 0}
         first.request(
             "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
         )

@@ -63,8 +63,7 @@ class OpenVinoSystem:
         pipeline = self._load()
         config = self._config(params)
         started = time.perf_counter()
-        with signal_stack_kept():
-            result = pipeline.generate(ov.Tensor(np.array([prompt_ids], dtype=np.int64)), config)
+        result = pipeline.generate(ov.Tensor(np.array([prompt_ids], dtype=np.int64)), config)
         seconds = time.perf_counter() - started
         return RunOutput([int(t) for t in result.tokens[0]], seconds, None, peer=True)
 
@@ -125,14 +124,15 @@ class _SignalStack(ctypes.Structure):  # Linux's stack_t
 
 @contextlib.contextmanager
 def signal_stack_kept() -> Iterator[None]:
-    """Give the calling thread back its own alternate signal stack after OpenVINO work.
+    """Give the calling thread back its own alternate signal stack after OpenVINO makes a model.
 
     OpenVINO's CPU plugin (2026.4.1) gives the thread that compiles a model an alternate
     signal stack of its own and, when the model is freed, puts back the one it found. Two
     models freed in the order they were made (a bench's ``openvino`` then
     ``openvino-lookup``) leave the thread on the first model's freed stack, and the next
     signal Python handles there (Ctrl-C, SIGTERM) is a segfault instead of an interrupt.
-    Keeping the thread's own stack in place makes every model find, and put back, that one."""
+    Keeping the thread's own stack in place makes every model find, and put back, that one.
+    (Generation leaves the stack as it is: only making a model needs this.)"""
     if sys.platform != "linux":
         yield
         return
