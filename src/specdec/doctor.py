@@ -5,7 +5,7 @@ The promise (``backends/quant/int8.py``): a block pass scores every position bit
 one-token steps do, whatever the thread count. The check builds a random model at the
 default target's layer sizes (hidden 1536, intermediate 8960; two layers, a small
 vocabulary, so it takes seconds), converts it to the int8 runtime and compares blocks of
-2..12 tokens with the same tokens fed one at a time, at several thread counts.
+2..45 tokens with the same tokens fed one at a time, at several thread counts.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 REAL_SIZES = {"hidden_size": 1536, "intermediate_size": 8960, "heads": 12, "kv_heads": 2}
-BLOCK_SIZES = (2, 3, 5, 8, 9, 10, 12)
+# Verify passes, and passes of many rows (batched serving; the int4 kernel's AMX pieces).
+BLOCK_SIZES = (2, 3, 5, 8, 9, 10, 12, 16, 45)
 
 
 @dataclass(frozen=True)

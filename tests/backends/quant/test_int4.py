@@ -104,16 +104,17 @@ def available_paths() -> list[int]:
 
 
 def vector_paths() -> list[int]:
-    """The AVX2 and AVX-512 paths this CPU has (the scalar path where it has neither)."""
+    """The AVX2, AVX-512 and AMX paths this CPU has (the scalar path where it has none)."""
     return available_paths()[1:] or [0]
 
 
+@pytest.mark.parametrize("rows", [9, 45])
 @pytest.mark.parametrize("shape", [(2048, 1536), (1536, 8960), (48, 64)])
-def test_every_code_path_gives_the_same_bits(shape):
-    """Scalar, AVX2 and AVX-512 VNNI (those this CPU has) agree bit for bit, at the 1.5B's
-    layer sizes, for 1 to 9 rows."""
+def test_every_code_path_gives_the_same_bits(shape, rows):
+    """Scalar, AVX2, AVX-512 VNNI and AMX-INT8 (those this CPU has) agree bit for bit, at the
+    1.5B's layer sizes, for 9 rows and for 45 (AMX: pieces of 16, 16 and 13 rows)."""
     layer = RowInt4Linear(random_linear(*shape, seed=4))
-    x = torch.randn(9, shape[1], generator=torch.Generator().manual_seed(5)) * 2.0
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(5)) * 2.0
     results = []
     for path in available_paths():
         layer.path = path
@@ -121,10 +122,11 @@ def test_every_code_path_gives_the_same_bits(shape):
     assert all(torch.equal(result, results[0]) for result in results[1:])
 
 
-@pytest.mark.parametrize("rows", [2, 3, 4, 5, 7, 8, 9, 12, 17, 40])
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 7, 8, 9, 12, 17, 32, 40, 45])
 def test_a_row_does_not_depend_on_its_neighbours(threads, rows):
     """On every vector path this CPU has (each takes rows in passes of its own size: 8 on
-    AVX-512, 4 on AVX2) and at several thread counts."""
+    AVX-512, 4 on AVX2; on AMX passes of 32+ in pieces of 16, a last piece of under 13 on
+    AVX-512) and at several thread counts."""
     layer = RowInt4Linear(random_linear(8960, 1536, seed=6))
     x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows))
     for path in vector_paths():
@@ -138,9 +140,42 @@ def test_a_row_does_not_depend_on_its_neighbours(threads, rows):
 
 def test_a_path_this_cpu_lacks_is_refused():
     layer = RowInt4Linear(random_linear(16, 32, seed=7))
-    layer.path = 3
+    layer.path = kernels.best_path() + 1
     with pytest.raises(RuntimeError, match="not available"):
         layer(torch.randn(1, 32))
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux reports them (empty where /proc/cpuinfo is not)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split()}
+
+
+def linux_lends_tiles() -> bool:
+    """Whether Linux lets this process use AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM,
+    Linux 5.16 and later), as the kernel asks before it takes the tile path."""
+    import ctypes
+    import platform
+
+    if platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XTILEDATA
+
+
+def test_the_kernel_takes_amx_where_the_cpu_has_it():
+    """On a CPU with AMX-INT8 (Sapphire Rapids and later Xeons) the kernel's best path is the
+    tile path, so that the agreement tests above run it; elsewhere it is never chosen."""
+    flags = cpu_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo here to read the CPU's flags from")
+    has_amx = {"amx_tile", "amx_int8", "avx512_vnni"} <= flags and linux_lends_tiles()
+    assert (kernels.best_path() == 3) == has_amx, f"best path {kernels.best_path()}"
+    if not has_amx:
+        pytest.skip("this CPU has no AMX-INT8: the tile path is checked on CPUs that have it")
 
 
 def test_the_environment_pins_the_path_new_layers_run(monkeypatch):
@@ -156,7 +191,7 @@ def test_the_environment_pins_the_path_new_layers_run(monkeypatch):
     monkeypatch.setenv("SPECDEC_INT4_PATH", "scalar")
     assert torch.equal(pinned(x), RowInt4Linear(linear)(x))
     monkeypatch.setenv("SPECDEC_INT4_PATH", "sse")
-    with pytest.raises(ValueError, match="SPECDEC_INT4_PATH='sse': expected one of avx512"):
+    with pytest.raises(ValueError, match="SPECDEC_INT4_PATH='sse': expected one of amx, avx512"):
         RowInt4Linear(linear)
 
 
@@ -167,7 +202,7 @@ def test_the_environment_holds_the_row_operations_with_the_path(monkeypatch):
     layers refuse it)."""
     monkeypatch.delenv("SPECDEC_INT4_PATH", raising=False)
     assert kernels.held_build() == ""
-    expected = {"avx2": "_avx2", "scalar": "_baseline", "avx512": "", "sse": ""}
+    expected = {"avx2": "_avx2", "scalar": "_baseline", "avx512": "", "amx": "", "sse": ""}
     for name, build in expected.items():
         monkeypatch.setenv("SPECDEC_INT4_PATH", name)
         assert kernels.held_build() == build
@@ -229,8 +264,8 @@ def real_size_int4_model():
 
 @pytest.mark.parametrize("count", THREADS)
 def test_blocks_equal_steps_at_real_layer_sizes(real_size_int4_model, threads, count):
-    """Hidden 1536, intermediate 8960 (the 1.5B's layers), blocks of 2..12 tokens, on every
-    vector path of the kernel this CPU has."""
+    """Hidden 1536, intermediate 8960 (the 1.5B's layers), blocks of 2..45 tokens, on every
+    vector path of the kernel this CPU has (AMX's tiles in the block of 45)."""
     from specdec.doctor import check_block_equals_steps
 
     layers = [m for m in real_size_int4_model.modules() if isinstance(m, RowInt4Linear)]

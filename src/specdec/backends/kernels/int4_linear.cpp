@@ -30,7 +30,10 @@
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
@@ -352,15 +355,173 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) void ti
   }
 }
 
+// ---------------------------------------------------------------- AMX-INT8 (16 rows a tile)
+
+// Sapphire Rapids and later Xeons multiply int8 tiles: one TDPBSSD takes a tile of up to 16
+// rows of 64 bytes (here: a pass's activation codes for one group, 16 rows x 32 inputs)
+// against a tile of 16 rows of 64 bytes (the group's codes, 8 quads x 16 columns x 4
+// inputs: the packed layout's quads as they are unpacked) and adds 16 x 16 int32 dot
+// products into a third tile. Those are the same exact integer sums isum the VNNI path
+// makes one row at a time (codes 0..15 are the same as signed or unsigned bytes), stored and
+// read back for the same float epilogue in the same order, so every (row, column) gets the
+// same bits as on the other paths. What it saves is the per-row integer work: a group of a
+// 16-column tile costs one tile product for up to 16 rows instead of 8 dpbusd a row.
+// The per-group scales keep a tile product to K = 32 and cost a store and the float epilogue
+// per group, so tiles pay only for many rows: passes of kAmxPass rows or more run on tiles in
+// pieces of 16 (a last piece of under kAmxFewest on the VNNI path), smaller passes on the
+// VNNI path (bench/results/2026-12-03-int4-amx-xeon-amx: a tile's fixed cost per group is
+// about that of 12 rows' dpbusd, and whole passes of under 32 rows measured no faster).
+constexpr int kRowsAmx = 16;
+constexpr int kAmxFewest = 13;
+constexpr int kAmxPass = 32;
+
+// The tile configuration (palette 1): tiles 0-3 sums [R rows, 16 int32], 4-5 activations
+// [R rows, 32 bytes], 6-7 codes [8 rows, 64 bytes], so that four groups' products are in
+// flight at once.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// A group's codes as the tile of 8 quads x 64 bytes (byte 4c + i of quad j: column c, input
+// 4j + i), the layout TDPBSSD takes for its second operand.
+__attribute__((target("avx512f,avx512bw"))) inline void group_codes(const uint8_t* block,
+                                                                    uint8_t* quads) {
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+  for (int q = 0; q < 4; ++q) {
+    const __m512i packed = _mm512_loadu_si512(block + q * 64);
+    _mm512_store_si512(quads + q * 64, _mm512_and_si512(packed, low_nibbles));
+    _mm512_store_si512(quads + (q + 4) * 64,
+                       _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles));
+  }
+}
+
+// The float epilogue of one group, the VNNI path's operations in its order.
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) inline void group_epilogue(
+    const uint8_t* block, const int32_t* isum, const Activations& a, int64_t r0, int64_t g,
+    __m512* acc) {
+  const __m512 d =
+      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 256)));
+  const __m512 m =
+      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 288)));
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = r0 + r;
+    const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(isum + 16 * r)), d);
+    acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(a.da[row * a.groups + g]), acc[r]);
+    acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.das[row * a.groups + g]), acc[r]);
+  }
+}
+
+// The integer sums of one group into tiles C (zeroed), A, B: immediates, hence a macro.
+#define SPECDEC_GROUP_PRODUCT(C, A, B, x, quads, stride, isum) \
+  do {                                                         \
+    _tile_zero(C);                                             \
+    _tile_loadd(A, x, stride);                                 \
+    _tile_loadd(B, quads, 64);                                 \
+    _tile_dpbssd(C, A, B);                                     \
+    _tile_stored(C, isum, 64);                                 \
+  } while (0)
+
+// Groups a batch: their codes unpacked, then their tile products, then their epilogues in
+// group order, so that the tile unit's latency overlaps the unpacking and the float work.
+constexpr int kAmxBatch = 8;
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c,amx-tile,amx-int8"))) void rows_amx(
+    const uint8_t* blocks, const Activations& a, int64_t r0, const float* bias, float* out,
+    int64_t n_total, int64_t col0) {
+  // Configured here for this piece and released at its end, with no call in between: a call
+  // into glibc's thread-local lookup between the configuration and the first tile instruction
+  // was seen to leave the tiles unconfigured (SIGILL), so no state is kept across calls.
+  TileConfig config;
+  for (int t = 0; t < 4; ++t) config.rows[t] = R, config.bytes_per_row[t] = 64;
+  for (int t = 4; t < 6; ++t) config.rows[t] = R, config.bytes_per_row[t] = kGroup;
+  for (int t = 6; t < 8; ++t) config.rows[t] = kGroup / 4, config.bytes_per_row[t] = 64;
+  _tile_loadconfig(&config);
+  alignas(64) uint8_t quads[kAmxBatch][8 * 64];
+  alignas(64) int32_t isum[2][kAmxBatch][R * 16];
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int8_t* x = a.codes + r0 * a.k;
+  // The products of batch b + 1 are issued before the epilogues of batch b, so that the tile
+  // unit works while the vector units do the float work.
+  auto products = [&](int64_t g0, int32_t (*sums)[R * 16]) __attribute__((always_inline)) {
+    const int n = static_cast<int>(std::min<int64_t>(kAmxBatch, a.groups - g0));
+    for (int j = 0; j < n; ++j) group_codes(blocks + (g0 + j) * kBlock, quads[j]);
+    int j = 0;
+    for (; j + 3 < n; j += 4) {
+      const int8_t* xj = x + (g0 + j) * kGroup;
+      SPECDEC_GROUP_PRODUCT(0, 4, 6, xj, quads[j], a.k, sums[j]);
+      SPECDEC_GROUP_PRODUCT(1, 5, 7, xj + kGroup, quads[j + 1], a.k, sums[j + 1]);
+      SPECDEC_GROUP_PRODUCT(2, 4, 6, xj + 2 * kGroup, quads[j + 2], a.k, sums[j + 2]);
+      SPECDEC_GROUP_PRODUCT(3, 5, 7, xj + 3 * kGroup, quads[j + 3], a.k, sums[j + 3]);
+    }
+    for (; j < n; ++j) {
+      SPECDEC_GROUP_PRODUCT(0, 4, 6, x + (g0 + j) * kGroup, quads[j], a.k, sums[j]);
+    }
+  };
+  products(0, isum[0]);
+  for (int64_t g0 = 0, b = 0; g0 < a.groups; g0 += kAmxBatch, ++b) {
+    if (g0 + kAmxBatch < a.groups) products(g0 + kAmxBatch, isum[(b + 1) % 2]);
+    const int n = static_cast<int>(std::min<int64_t>(kAmxBatch, a.groups - g0));
+    for (int j = 0; j < n; ++j) {
+      group_epilogue<R>(blocks + (g0 + j) * kBlock, isum[b % 2][j], a, r0, g0 + j, acc);
+    }
+  }
+  _tile_release();  // leaves no configuration behind for other code on this thread
+  for (int r = 0; r < R; ++r) {
+    __m512 result = acc[r];
+    if (bias) result = _mm512_add_ps(result, _mm512_loadu_ps(bias + col0));
+    _mm512_storeu_ps(out + (r0 + r) * n_total + col0, result);
+  }
+}
+#undef SPECDEC_GROUP_PRODUCT
+
+void tile_amx(const uint8_t* blocks, const Activations& a, int64_t row0, int64_t rows,
+              const float* bias, float* out, int64_t n_total, int64_t col0) {
+  using RowsFn = void (*)(const uint8_t*, const Activations&, int64_t, const float*, float*,
+                          int64_t, int64_t);
+  static constexpr RowsFn by_count[kRowsAmx - kAmxFewest + 1] = {
+      rows_amx<13>, rows_amx<14>, rows_amx<15>, rows_amx<16>};
+  static_assert(kAmxFewest == 13, "by_count starts at kAmxFewest");
+  if (rows < kAmxPass) return tile_avx512(blocks, a, row0, rows, bias, out, n_total, col0);
+  for (int64_t r0 = row0; r0 < row0 + rows; r0 += kRowsAmx) {
+    const int64_t n = std::min<int64_t>(kRowsAmx, row0 + rows - r0);
+    if (n < kAmxFewest) {
+      tile_avx512(blocks, a, r0, n, bias, out, n_total, col0);
+    } else {
+      by_count[n - kAmxFewest](blocks, a, r0, bias, out, n_total, col0);
+    }
+  }
+}
+
+// Whether this CPU has AMX-INT8 and Linux lets this process use its tile registers (asked
+// once: a process must request the tile data state before its first tile instruction).
+bool amx_usable() {
+  static const bool usable = [] {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool tile = (edx >> 24) & 1, int8 = (edx >> 25) & 1;
+    constexpr long kRequestPermission = 0x1023;  // ARCH_REQ_XCOMP_PERM
+    constexpr long kTileData = 18;               // XFEATURE_XTILEDATA
+    return tile && int8 && syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return usable;
+}
+
 using TileFn = void (*)(const uint8_t*, const Activations&, int64_t, int64_t, const float*,
                         float*, int64_t, int64_t);
 
-// 0: scalar, 1: AVX2, 2: AVX-512 VNNI.
+// 0: scalar, 1: AVX2, 2: AVX-512 VNNI, 3: AMX-INT8 (passes of 32+ rows; smaller ones VNNI).
 int best_path() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
-    return 2;
+    return amx_usable() ? 3 : 2;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
   return 0;
@@ -370,6 +531,8 @@ TileFn tile_fn(int64_t path) {
   const int best = best_path();
   TORCH_CHECK(path >= -1 && path <= best, "int4 path ", path, " is not available on this CPU");
   switch (path < 0 ? best : path) {
+    case 3:
+      return tile_amx;
     case 2:
       return tile_avx512;
     case 1:
@@ -436,7 +599,7 @@ void register_layer_stack(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear", &int4_linear, "x @ W^T + b with W packed by specdec.backends.quant.int4");
-  m.def("best_path", &int4_best_path, "0 scalar, 1 AVX2, 2 AVX-512 VNNI");
+  m.def("best_path", &int4_best_path, "0 scalar, 1 AVX2, 2 AVX-512 VNNI, 3 AMX-INT8");
   m.def("rms_norm", &rms_norm, "RMS norm of each row");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of each row of [gate, up]");
   m.def("rope_", &rope_, "rotary embedding of each row's heads, in place");

@@ -1,9 +1,10 @@
 """specdec's C++ kernels (``backends/kernels/``: the int4 products, the row operations, the
 layer stack), compiled on first use into one extension per build and loaded once a process.
 
-The code path a product takes (scalar, AVX2, AVX-512 VNNI) is chosen at run time for this CPU
-(``best_path``) or pinned (``SPECDEC_INT4_PATH``, ``pinned_path``); a build may be held to
-AVX2 (``held_build``). A build that fails is said once and not tried again in the process.
+The code path a product takes (scalar, AVX2, AVX-512 VNNI, AMX-INT8) is chosen at run time
+for this CPU (``best_path``) or pinned (``SPECDEC_INT4_PATH``, ``pinned_path``); a build may
+be held to AVX2 (``held_build``). A build that fails is said once and not tried again in the
+process.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ KERNEL_FILES = tuple(
 
 SOURCES = tuple(path for path in KERNEL_FILES if path.suffix == ".cpp")
 
-PATHS = {0: "scalar", 1: "AVX2", 2: "AVX-512 VNNI"}
+PATHS = {0: "scalar", 1: "AVX2", 2: "AVX-512 VNNI", 3: "AMX-INT8"}
+
+AMX = 3  # the tile path: AMX-INT8 for passes of 32+ rows, AVX-512 VNNI for smaller ones
 
 _kernel = None
 
@@ -175,17 +178,17 @@ def _only_builder(directory: Path) -> Iterator[None]:
 
 
 def best_path() -> int:
-    """The kernel's code path on this CPU: 2 AVX-512 VNNI, 1 AVX2, 0 scalar."""
+    """The kernel's code path on this CPU: 3 AMX-INT8, 2 AVX-512 VNNI, 1 AVX2, 0 scalar."""
     return int(kernel().best_path())
 
 
-PATH_BY_NAME = {"avx512": 2, "avx2": 1, "scalar": 0}  # PATHS, by the names users give
+PATH_BY_NAME = {"amx": 3, "avx512": 2, "avx2": 1, "scalar": 0}  # PATHS, by the names users give
 
 PATH_VARIABLE = "SPECDEC_INT4_PATH"
 
 
 def pinned_path() -> int:
-    """The code path new layers run: ``$SPECDEC_INT4_PATH`` (avx512, avx2, scalar) pins one,
+    """The code path new layers run: ``$SPECDEC_INT4_PATH`` (amx, avx512, avx2, scalar) pins one,
     to measure here what a CPU without AVX-512 would do (the paths agree bit for bit; the row
     operations follow, ``held_build``); else -1, the best for this CPU. A path this CPU lacks
     is refused when the layer first runs."""
