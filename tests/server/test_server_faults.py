@@ -206,3 +206,25 @@ def test_a_client_that_leaves_while_queued_gives_its_place_back(models, monkeypa
     finally:
         released.set()
         running.close()
+
+
+def test_the_pair_is_loaded_on_a_thread_that_ends_and_its_errors_reach_the_caller(monkeypatch):
+    """``load_scheduler`` loads on a thread of its own (so that the caller's thread keeps no
+    OpenMP pool to compete with the scheduler's worker, ``load_scheduler``'s docstring),
+    which has ended when it returns; what loading raises is raised in the caller."""
+    from specdec.models import ModelError
+    from specdec.server import setup
+
+    seen: list[threading.Thread] = []
+
+    def loaded(config, progress=None):
+        seen.append(threading.current_thread())
+        if config.target == "missing":
+            raise ModelError("no model named missing")
+        return "a scheduler"
+
+    monkeypatch.setattr(setup, "build_scheduler", loaded)
+    assert setup.load_scheduler(setup.ServerConfig("tiny", None)) == "a scheduler"
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()
+    with pytest.raises(ModelError, match="no model named missing"):
+        setup.load_scheduler(setup.ServerConfig("missing", None))

@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from specdec.progress import progress_bar
-    from specdec.server.setup import build_app, build_scheduler
+    from specdec.server.setup import build_app, load_scheduler
 
     if args.max_active < 1 or args.max_queue < 0 or args.max_rows < 1:
         raise UsageError("--max-active and --max-rows must be >= 1 and --max-queue >= 0")
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         return _serve_replicas(args)
     config = server_config(args, threads=None)  # bad flags fail before any loading
     with progress_bar() as progress:
-        scheduler = build_scheduler(config, progress)
+        scheduler = load_scheduler(config, progress)
     scheduler.start()
     app = build_app(config, scheduler)
     try:

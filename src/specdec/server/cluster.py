@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from specdec.server.setup import ServerConfig, build_app, build_scheduler
+from specdec.server.setup import ServerConfig, build_app, load_scheduler
 
 APP_NAME = "specdec"
 
@@ -24,7 +24,7 @@ class SpecdecReplica:
     ``__serve_build_asgi_app__`` after the constructor)."""
 
     def __init__(self, config: ServerConfig):
-        self.scheduler = build_scheduler(config)
+        self.scheduler = load_scheduler(config)
         self.scheduler.start()
         self.config = config
         self.replica = _replica_name()
