@@ -65,5 +65,5 @@ def _run(args: argparse.Namespace) -> int:
         "vocab": tools.vocab_build,
     }
     if args.command == "doctor":
-        return tools.doctor()
+        return tools.doctor(args)
     return runs[args.command](args)

@@ -149,18 +149,27 @@ def add_file_parsers(commands) -> None:
         "models", help="list the embedded model catalog and its cache status"
     )
     add_cache_dir(models)
-    commands.add_parser(
+    doctor_parser = commands.add_parser(
         "doctor",
         help="this machine's CPU and software, and whether int8 block passes equal their steps",
         description="Prints the CPU, its SIMD features, the software versions and optional "
-        "extras, then checks the int8 runtime's promise on this machine: a random model at "
-        "the default target's layer sizes scores blocks of 2..45 tokens bit for bit as "
-        "one-token steps, at 1, 2, 3, 4, 8 threads and this machine's count (seconds). "
+        "extras, then checks the int8 and int4 runtimes' promise on this machine: a random "
+        "model at the default target's layer sizes scores blocks of 2..45 tokens bit for bit "
+        "as one-token steps, at 1, 2, 3, 4, 8 threads and this machine's count (seconds). "
         "Exit code 1 if any block differs.",
     )
+    doctor_parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure this machine's memory read speed and time the default pair's "
+        "one-token steps on int4 and int8 against it: bytes read a step, the floor those "
+        "bytes set, the step's multiple of it (loads the pair; their runtime forms are made "
+        "on first use, minutes)",
+    )
+    add_cache_dir(doctor_parser)
 
 
-def doctor() -> int:
+def doctor(args: argparse.Namespace | None = None) -> int:
     import importlib.metadata
 
     import torch
@@ -181,7 +190,7 @@ def doctor() -> int:
     from specdec.backends.runtime_choice import cached_choices
     from specdec.models import cache_root
 
-    choices = cached_choices(cache_root(None))
+    choices = cached_choices(cache_root(args.cache_dir if args is not None else None))
     out.write("--target-runtime/--draft-runtime auto, measured on this machine and builds:")
     out.write("".join(f"\n  {c.draft} -> {c.runtime} ({c.reason})" for c in choices) or " none yet")
     out.write("\n")
@@ -223,7 +232,35 @@ def doctor() -> int:
             failed |= not result.ok
             promised[name] &= result.ok
     out.write(doctor.same_text_line(promised))
+    if args is not None and args.floor:
+        memory_floor(args.cache_dir)
     return 1 if failed else 0
+
+
+def memory_floor(cache_dir: str | None, models: tuple[str, ...] | None = None) -> None:
+    """This machine's read speed, and ``models``' steps (the default pair's) on int4 and int8
+    against it."""
+    from specdec import floor
+    from specdec.backends.runtime_choice import step_ms
+    from specdec.loading import load_backend
+    from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelError
+    from specdec.progress import progress_bar
+
+    bandwidth = floor.read_bandwidth()
+    out = sys.stdout
+    out.write(f"memory: reads {bandwidth / 1e9:.1f} GB/s (a sum over 1 GiB, the fastest of 5)\n")
+    for name in models or (DEFAULT_DRAFT, DEFAULT_TARGET):
+        for runtime in ("int4", "int8"):
+            try:
+                with progress_bar() as progress:
+                    backend = load_backend(name, runtime, cache_dir, progress)
+            except ModelError as error:  # the int4 kernel that does not build here, ...
+                out.write(f"  {name} on {runtime}: not measured: {error}\n")
+                continue
+            measured = floor.Floor(floor.step_bytes(backend.model), step_ms(backend), bandwidth)
+            out.write(f"  {name} on {runtime}: {measured.line()}\n")
+            out.flush()
+            del backend
 
 
 def cost(args: argparse.Namespace) -> int:
