@@ -103,6 +103,11 @@ def newest(found: list[Row]) -> dict[str, list[Row]]:
     return by_cpu
 
 
+def holds_files(path: Path) -> bool:
+    """A folder with a file in it (an empty one, which git does not keep, is not listed)."""
+    return path.is_dir() and any(inner.is_file() for inner in path.rglob("*"))
+
+
 def title(folder: Path) -> str:
     readme = folder / "README.md"
     if readme.is_file():
@@ -135,7 +140,7 @@ def markdown(results: Path) -> str:
                 f"| {speedup} | {row.reference} | {identical} | [{row.date}]({row.folder}/) |"
             )
     lines += ["", "## Every folder", ""]
-    for folder in sorted(path for path in results.iterdir() if path.is_dir()):
+    for folder in sorted(path for path in results.iterdir() if holds_files(path)):
         name = folder.name
         lines.append(f"- [{name}]({name}/)" + (f": {title(folder)}" if title(folder) else ""))
     return "\n".join(lines) + "\n"
