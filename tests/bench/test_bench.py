@@ -366,3 +366,22 @@ def test_run_by_run_pairs_each_prompt_and_repeat(report, capsys):
     assert run_by_run.main(["model-k4/plain"]) == 2
     assert run_by_run.main([str(report / "missing.json")]) == 2
     assert "is not a specdec bench results.json" in capsys.readouterr().out
+
+
+def test_every_system_the_help_names_is_one_the_bench_makes():
+    """--systems' help is written from the registries make_system reads; each name it lists,
+    and each drafter kind as DRAFTER-k2 and DRAFTER-auto, makes a system (the names are
+    checked before anything loads, as the command checks them)."""
+    from specdec.bench.systems import ModelPool, make_system, systems_help
+    from specdec.drafters.recipe import KINDS
+
+    text = systems_help()
+    listed = re.findall(r"(?:^|; )([a-z0-9+-]+): ", text.removeprefix("comma-separated"))
+    assert {"plain", "llamacpp", "hf-assisted", "openvino-int4-model", "onnx-int4"} <= set(listed)
+    checker = ModelPool(None, lambda role, runtime, progress: None)
+    drafters = [f"{kind}-{k}" for kind in KINDS for k in ("k2", "auto")]
+    for name in [*listed, *drafters, "lookup+model-auto@int4", "model/eagle-auto"]:
+        assert make_system(name, checker, ngram=object()).name == name
+    assert all(kind in text for kind in KINDS)
+    with pytest.raises(ValueError, match="unknown system"):
+        make_system("warp-drive", checker)

@@ -26,6 +26,7 @@ from specdec.bench.systems import (
     describe,
     make_system,
     reference_of,
+    systems_help,
 )
 from specdec.config import VERIFICATIONS, SamplingParams
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -60,19 +61,8 @@ def add_parser(commands) -> None:
     p.add_argument(
         "--systems",
         default=",".join(DEFAULT_SYSTEMS),
-        help="comma-separated: plain, hf-generate, hf-assisted, hf-lookup, llamacpp (llama.cpp's "
-        "own loop), llamacpp-lookup (its own loop with its prompt-lookup speculation), "
-        "openvino and openvino-lookup (OpenVINO GenAI on the target's GGUF, the peers extra), "
-        "openvino-int4 and openvino-int4-model (the pair exported by "
-        "bench/openvino_export.sh; with the 0.5B draft), onnx-int4, onnx-int4-lookup and "
-        "onnx-int4-model (ONNX Runtime GenAI: plain, its n-gram speculation, the 0.5B draft; "
-        "the pair converted once by its model builder, the peers extra), "
-        "and DRAFTER-kN or DRAFTER-auto with DRAFTER one of model, lookup, "
-        "ngram, lookup+model, lookup+ngram. Each may end in @RUNTIME: a transformers "
-        "dtype (int8, bfloat16, float32) or a llama.cpp GGUF type (q4_k_m, q8_0, q4_0, "
-        "f16, bf16), optionally TARGET/DRAFT, e.g. model-auto@int8/q4_0 "
-        f"(default: {','.join(DEFAULT_SYSTEMS)}, and llamacpp and model-auto@DTYPE/q4_0 "
-        "when llama-cpp-python is installed)",
+        help=f"{systems_help()} (default: {','.join(DEFAULT_SYSTEMS)}, and llamacpp and "
+        "model-auto@DTYPE/q4_0 when llama-cpp-python is installed)",
     )
     p.add_argument("--ngram-model", help="n-gram model file for the ngram systems")
     p.add_argument(

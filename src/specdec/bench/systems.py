@@ -39,6 +39,7 @@ from specdec.drafters.recipe import (
     is_recipe,
 )
 from specdec.engine import Engine
+from specdec.models import GGUF_TYPES
 from specdec.runtime import TRANSFORMERS_DTYPES, parse_runtime
 
 if TYPE_CHECKING:
@@ -324,6 +325,28 @@ PEERS: dict[str, tuple[str, dict[str, Any]]] = {
         {"prompt_lookup_num_tokens": 10},
     ),
 }
+
+
+def systems_help() -> str:
+    """What ``--systems`` takes, from the registries the names are made from (so that the
+    help names every system ``make_system`` knows and no other)."""
+    peers = [
+        *(f"{name}: llama.cpp's own loop{what}" for name, what in LLAMACPP_LOOPS.items()),
+        *(f"{name}: {what}" for name, (what, _) in PEERS.items()),
+        *(f"{name}: {what}" for name, what in OPENVINO_SYSTEMS.items()),
+        *(f"{name}: {what}" for name, what in ONNX_SYSTEMS.items()),
+    ]
+    return (
+        f"comma-separated; plain: specdec without drafts; {'; '.join(peers)}; and "
+        f"DRAFTER-kN or DRAFTER-auto with DRAFTER a recipe as for --drafter: one of "
+        f"{', '.join(KINDS)}, a '+'-joined fallback chain (lookup+model) or a '/'-joined "
+        "choice (model/eagle, k auto only). OpenVINO and ONNX systems need the peers extra "
+        "(openvino-int4*: the pair exported by bench/openvino_export.sh; onnx-*: converted "
+        "once by its model builder); eagle and medusa need heads (specdec heads make). Each "
+        f"may end in @RUNTIME: a transformers runtime ({', '.join(TRANSFORMERS_DTYPES)}) or a "
+        f"llama.cpp GGUF type ({', '.join(GGUF_TYPES)}), optionally TARGET/DRAFT, e.g. "
+        "model-auto@int8/q4_0"
+    )
 
 
 DEFAULT_SYSTEMS = (
