@@ -219,7 +219,12 @@ def generate_rates(workloads: list[str], max_tokens: int, flags: list[str]) -> d
             command += ["--max-tokens", str(max_tokens), *flags]
             if "--drafter" not in flags:
                 command += ["--drafter", "model"]  # serve's auto without heads
-            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                tail = done.stderr.strip().splitlines()[-1:] or ["no message"]
+                raise SystemExit(
+                    f"specdec generate failed on {item.id} ({done.returncode}): {tail[0]}"
+                )
             rates[name][item.id] = json.loads(done.stdout)["stats"]["tokens_per_second"]
     return rates
 
@@ -265,19 +270,23 @@ def main() -> int:
     }
     table = summarize(results, args.max_tokens)
     text = markdown(table, "python bench/load.py " + " ".join(sys.argv[1:]))
+    write(args.out, text, table, results)  # the serve runs kept, whatever generate does next
     if args.compare_generate:
         generated = generate_rates(workloads, args.max_tokens, drafter)
         results["generate"] = generated
         text += "\n\n" + generate_lines(table, generated)
+        write(args.out, text, table, results)
     print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.md").write_text(text + "\n")
-        (args.out / "results.json").write_text(
-            json.dumps({"table": table, "raw": results}, indent=1)
-        )
-        plot(table, args.out / "load.png")
     return 0
+
+
+def write(out: Path | None, text: str, table: list[dict], results: dict) -> None:
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.md").write_text(text + "\n")
+    (out / "results.json").write_text(json.dumps({"table": table, "raw": results}, indent=1))
+    plot(table, out / "load.png")
 
 
 if __name__ == "__main__":
