@@ -47,12 +47,10 @@ def load_scheduler(config: ServerConfig, progress=None) -> Scheduler:
 
     Why: libgomp keeps a pool of worker threads for every thread that ran a parallel region,
     for as long as that thread lives, and once its pools hold more threads than the machine
-    has CPUs it stops letting idle workers spin between regions (they sleep, and every one
-    of a step's thousands of regions waits for them to wake). Loading the models on the main
-    thread left a pool there, and the worker decoded at 0.70x the speed of the same engine on
-    the thread that loaded them (Xeon, 2 cores, int4 pair: 22 against 31-32 tok/s); loaded
-    on a thread that has ended, the worker decodes at the full speed. Nothing else in the
-    server runs torch outside the worker (``scheduler``'s docstring)."""
+    has CPUs it stops letting idle workers spin between regions (they sleep, and each of a
+    step's many regions waits for them to wake). Models loaded on the main thread left a pool
+    there, and the worker decoded markedly slower than the same engine on the loading thread
+    (bench/openmp_pools.py; bench/results/2026-12-03-serve-one-client-openmp-xeon-amx)."""
     done: dict = {}
 
     def load() -> None:
