@@ -64,11 +64,12 @@ def test_doctor_times_each_runtime_of_a_model_against_its_floor(model_dir, tmp_p
     from specdec.cli.tools import memory_floor
     from specdec.loading import load_backend
 
-    memory_floor(str(tmp_path / "cache"), models=(str(model_dir),))
+    cache = str(tmp_path / "cache")
+    memory_floor(cache, models=(str(model_dir),))
     out = capsys.readouterr().out
     assert re.search(r"memory: reads [\d.]+ GB/s", out)
     for runtime in ("int4", "int8"):
-        bytes_read = floor.step_bytes(load_backend(str(model_dir), runtime).model)
+        bytes_read = floor.step_bytes(load_backend(str(model_dir), runtime, cache).model)
         line = next(
             line for line in out.splitlines() if line.endswith("x the floor") and runtime in line
         )
