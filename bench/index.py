@@ -42,7 +42,8 @@ def cpu_kind(machine: str, folder: str) -> str:
     folder's suffix ("...-epyc-avx512")."""
     name = re.split(r" \(|,", machine, maxsplit=1)[0].strip() or "unknown CPU"
     isa = ""
-    if "AMX" in machine or "amx" in machine.split(",")[0]:
+    named_amx = any(part.endswith("-amx") for part in folder.split("/"))  # runs before
+    if "AMX" in machine.split("),")[0] or named_amx:  # the machine line said AMX
         isa = "AVX-512, AMX"
     elif "AVX-512" in machine.split("),")[0]:
         isa = "AVX-512"

@@ -315,6 +315,8 @@ def test_the_machine_line_names_the_cpu_kind_and_any_held_kernels(monkeypatch):
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file() and "cpu family" in cpuinfo.read_text():
         assert "family " in held and " model " in held
+        has_amx = " amx_int8" in cpuinfo.read_text()
+        assert (", AMX)" in held) == has_amx  # the tile path's CPUs are a kind of their own
 
 
 def _run_by_run():

@@ -284,8 +284,9 @@ def torch_dtype(name: str):
 
 
 def machine() -> str:
-    """The CPU (its name, family/model and widest vector set: the two EPYC kinds share a
-    name), cores, OS, Python, torch, and any kernels held to a smaller instruction set."""
+    """The CPU (its name, family/model and widest vector set, AMX where it has it: the two
+    EPYC kinds share a name), cores, OS, Python, torch, and any kernels held to a smaller
+    instruction set."""
     import torch
 
     from specdec.backends.runtime_choice import ISA_VARIABLES
@@ -293,6 +294,8 @@ def machine() -> str:
 
     flags = cpu_flags()
     widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
+    if "amx_int8" in flags:
+        widest += ", AMX"
     kind = ", ".join(part for part in (cpu_kind(), widest) if part)
     cpu = f"{cpu_name()} ({kind})" if kind else cpu_name()
     held = [f"{name}={os.environ[name]}" for name in ISA_VARIABLES if os.environ.get(name)]
