@@ -282,6 +282,24 @@ __attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_broadcast(
   return acc;
 }
 
+// The float epilogue of one group for R rows, from their integer sums: every path with
+// AVX-512 (VNNI, AMX) runs this one, so their roundings are the same by construction.
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) inline void group_epilogue(
+    const uint8_t* block, const __m512i* isum, const Activations& a, int64_t r0, int64_t g,
+    __m512* acc) {
+  const __m512 d =
+      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 256)));
+  const __m512 m =
+      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 288)));
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = r0 + r;
+    const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), d);
+    acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(a.da[row * a.groups + g]), acc[r]);
+    acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.das[row * a.groups + g]), acc[r]);
+  }
+}
+
 // R rows at once, unrolled, so that their independent chains overlap; every row meets the
 // same instructions in the same order whatever R is.
 template <int R>
@@ -308,16 +326,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) inline 
         isum[r] = dpbusd_broadcast(isum[r], codes[j], x[r] + g * kGroup + 4 * j);
       }
     }
-    const __m512 d =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 256)));
-    const __m512 m =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 288)));
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = r0 + r;
-      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), d);
-      acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(a.da[row * a.groups + g]), acc[r]);
-      acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.das[row * a.groups + g]), acc[r]);
-    }
+    group_epilogue<R>(block, isum, a, r0, g, acc);
   }
   for (int r = 0; r < R; ++r) {
     __m512 result = acc[r];
@@ -363,8 +372,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) void ti
 // inputs: the packed layout's quads as they are unpacked) and adds 16 x 16 int32 dot
 // products into a third tile. Those are the same exact integer sums isum the VNNI path
 // makes one row at a time (codes 0..15 are the same as signed or unsigned bytes), stored and
-// read back for the same float epilogue in the same order, so every (row, column) gets the
-// same bits as on the other paths. What it saves is the per-row integer work: a group of a
+// read back for the VNNI path's own epilogue (group_epilogue), so every (row, column) gets
+// the same bits as on the other paths. What it saves is the per-row integer work: a group of a
 // 16-column tile costs one tile product for up to 16 rows instead of 8 dpbusd a row.
 // The per-group scales keep a tile product to K = 32 and cost a store and the float epilogue
 // per group, so tiles pay only for many rows: passes of kAmxPass rows or more run on tiles in
@@ -396,23 +405,6 @@ __attribute__((target("avx512f,avx512bw"))) inline void group_codes(const uint8_
     _mm512_store_si512(quads + q * 64, _mm512_and_si512(packed, low_nibbles));
     _mm512_store_si512(quads + (q + 4) * 64,
                        _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles));
-  }
-}
-
-// The float epilogue of one group, the VNNI path's operations in its order.
-template <int R>
-__attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) inline void group_epilogue(
-    const uint8_t* block, const int32_t* isum, const Activations& a, int64_t r0, int64_t g,
-    __m512* acc) {
-  const __m512 d =
-      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 256)));
-  const __m512 m =
-      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 288)));
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = r0 + r;
-    const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(isum + 16 * r)), d);
-    acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(a.da[row * a.groups + g]), acc[r]);
-    acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.das[row * a.groups + g]), acc[r]);
   }
 }
 
@@ -469,7 +461,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c,amx-tile,amx-int8"))) 
     if (g0 + kAmxBatch < a.groups) products(g0 + kAmxBatch, isum[(b + 1) % 2]);
     const int n = static_cast<int>(std::min<int64_t>(kAmxBatch, a.groups - g0));
     for (int j = 0; j < n; ++j) {
-      group_epilogue<R>(blocks + (g0 + j) * kBlock, isum[b % 2][j], a, r0, g0 + j, acc);
+      __m512i sums[R];
+      for (int r = 0; r < R; ++r) sums[r] = _mm512_load_si512(isum[b % 2][j] + 16 * r);
+      group_epilogue<R>(blocks + (g0 + j) * kBlock, sums, a, r0, g0 + j, acc);
     }
   }
   _tile_release();  // leaves no configuration behind for other code on this thread
