@@ -9,7 +9,15 @@ from pathlib import Path
 import torch
 
 from specdec.backends.hf import HFModel
-from specdec.models import CATALOG, Progress, cache_root, ensure_converted, lookup
+from specdec.models import (
+    CATALOG,
+    Progress,
+    cache_root,
+    ensure_converted,
+    ensure_gguf,
+    ensure_model_files,
+    lookup,
+)
 
 # int8 / int4: float32 weights loaded, then quantized by backends.quant (int8:
 # batch-invariant W8A8; int4: 4-bit weights, int8 activations); both cached on disk.
@@ -42,6 +50,8 @@ def load_backend(
     if runtime == "llamacpp":
         return _load_llamacpp(spec, cache_dir, progress, gguf_type)
     quantized = dtype in QUANTIZED
+    if quantized and spec in CATALOG:
+        return _load_catalog_quantized(lookup(spec), dtype, cache_root(cache_dir), progress)
     directory = model_directory(spec, cache_dir, progress, verify=not quantized)
 
     def check_source() -> None:  # the float32 weights are read to quantize: check them first
@@ -50,6 +60,29 @@ def load_backend(
     return load_hf(
         directory, dtype, progress, cache_root(cache_dir) / "int8", check_source=check_source
     )
+
+
+def _load_catalog_quantized(entry, dtype: str, root: Path, progress: Progress | None) -> HFModel:
+    """A catalog model on int8 or int4, its runtime form made straight from the GGUF when it
+    is not cached yet (``backends.quant.from_gguf``: no float32 copy is made)."""
+    from transformers import AutoTokenizer
+
+    from specdec.backends.quant import store
+    from specdec.backends.quant.from_gguf import build_form
+
+    report = progress or _no_progress
+    files = ensure_model_files(entry, root, report)
+
+    def build():
+        return build_form(ensure_gguf(entry, root, report), files, dtype, progress)
+
+    directory = root / dtype / f"{entry.name}-gguf"
+    model = store.load_or_build(files, directory, progress, dtype, build=build)
+    return HFModel(model, AutoTokenizer.from_pretrained(files))
+
+
+def _no_progress(step: str, done: int, total: int) -> None:
+    pass
 
 
 def model_directory(
@@ -122,10 +155,24 @@ def _cache_name(directory: Path) -> str:
     return f"{directory.name}-{digest}"
 
 
+def model_config(spec: str, cache_dir: str | None = None, progress: Progress | None = None):
+    """The transformers config of a catalog model (from its small files) or a directory."""
+    from transformers import AutoConfig
+
+    if spec in CATALOG:
+        entry, root = lookup(spec), cache_root(cache_dir)
+        return AutoConfig.from_pretrained(ensure_model_files(entry, root, progress or _no_progress))
+    return AutoConfig.from_pretrained(model_directory(spec, cache_dir))
+
+
 def load_tokenizer(spec: str, cache_dir: str | None = None):
-    """The transformers tokenizer of a catalog model or a model directory."""
+    """The transformers tokenizer of a catalog model (from its small files: no weights are
+    converted for it) or a model directory."""
     from transformers import AutoTokenizer
 
+    if spec in CATALOG:
+        files = ensure_model_files(lookup(spec), cache_root(cache_dir))
+        return AutoTokenizer.from_pretrained(files)
     return AutoTokenizer.from_pretrained(model_directory(spec, cache_dir))
 
 

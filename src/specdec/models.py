@@ -319,6 +319,70 @@ def _requantize(source: Path, target: Path, ftype_name: str, progress: Progress)
     progress(f"requantizing to {target.name} (once)", 1, 1)
 
 
+# ---- the model's small files: config, generation config, tokenizer --------------------
+
+FILES_MARKER = "specdec-files.json"
+
+
+def ensure_model_files(entry: CatalogEntry, root: Path, progress: Progress = _no_progress) -> Path:
+    """A directory with the model's config, generation config and tokenizer (a few MB, no
+    weights), parsed once from the GGUF's metadata: what the int8 and int4 runtime forms are
+    made from with the GGUF's tensors (``backends.quant.from_gguf``). Checked by digest at
+    every use (the files are small); a damaged entry is made again."""
+    directory = root / "files" / entry.name
+    expected = {"format": CACHE_FORMAT, "source_sha256": entry.sha256}
+    if _small_files_intact(directory, expected, f"reading {entry.name}'s metadata again"):
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(directory.with_name(directory.name + ".lock")):
+        if _small_files_intact(directory, expected, None):
+            return directory  # another process wrote them while we waited
+        gguf = ensure_gguf(entry, root, progress)
+        step = f"reading {entry.name}'s config and tokenizer from the GGUF (once)"
+        progress(step, 0, 1)
+        building = directory.with_name(directory.name + ".building")
+        shutil.rmtree(building, ignore_errors=True)
+        building.mkdir(parents=True)
+        _write_model_files(entry, gguf, building)
+        write_marker(building, FILES_MARKER, expected)
+        shutil.rmtree(directory, ignore_errors=True)  # whatever is there failed the check
+        building.replace(directory)
+        progress(step, 1, 1)
+    return directory
+
+
+def _small_files_intact(directory: Path, expected: dict, rebuilding: str | None) -> bool:
+    marker = read_marker(directory, FILES_MARKER, expected)
+    if marker is None:
+        return False
+    bad = damaged_files(directory, marker)
+    if bad and rebuilding:
+        say_rebuilding(directory / bad[0], rebuilding)
+    return not bad
+
+
+def _write_model_files(entry: CatalogEntry, gguf: Path, out_dir: Path) -> None:
+    """config.json, generation_config.json and the tokenizer's files, as the float32
+    conversion (``_convert``) writes them, without reading a tensor (``gguf_file``)."""
+    from transformers import GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    from specdec.gguf_file import write_config, write_tokenizer
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    config = write_config(gguf, out_dir)
+    tokenizer = write_tokenizer(gguf, config.model_type, out_dir)
+    generation = GenerationConfig.from_model_config(config)
+    generation.eos_token_id = _eos_ids(entry, tokenizer)
+    generation.save_pretrained(out_dir)
+
+
+def _eos_ids(entry: CatalogEntry, tokenizer) -> list[int]:
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in entry.eos_tokens]
+    return [i for i in ids if isinstance(i, int) and i >= 0]
+
+
 # ---- converting to a cached transformers model --------------------------------------
 
 
@@ -385,8 +449,7 @@ def _convert(entry: CatalogEntry, gguf: Path, out_dir: Path) -> None:
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in entry.eos_tokens]
-    model.generation_config.eos_token_id = [i for i in eos_ids if isinstance(i, int) and i >= 0]
+    model.generation_config.eos_token_id = _eos_ids(entry, tokenizer)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
 

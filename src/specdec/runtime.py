@@ -153,7 +153,7 @@ def choose_target_runtime(
         return candidates[0]
 
     def measure(runtime: str) -> float:
-        loaded = parse_runtime(runtime).load(target, cache_dir, progress)
+        loaded = stand_in_backend(target, runtime, cache_dir, progress)
         return runtime_choice.step_ms(loaded, tokens=runtime_choice.TARGET_PASS)
 
     chosen, measured = runtime_choice.choose(
@@ -162,6 +162,17 @@ def choose_target_runtime(
     if measured:
         sys.stderr.write(f"specdec: target runtime auto -> {chosen.runtime} ({chosen.reason})\n")
     return chosen.runtime
+
+
+def stand_in_backend(spec: str, runtime: str, cache_dir: str | None = None, progress=None):
+    """``spec``'s architecture on int8 or int4 with made-up weights (``quant.stand_in``): a
+    pass costs what the real model's does, and no runtime form is made for a runtime that
+    may not be chosen."""
+    from specdec.backends.hf import HFModel
+    from specdec.backends.quant.stand_in import stand_in
+    from specdec.loading import model_config
+
+    return HFModel(stand_in(model_config(spec, cache_dir, progress), runtime))
 
 
 SAME_RUNTIME_MARGIN = 1.05  # a draft step this close to the fastest keeps the target's runtime
@@ -211,6 +222,8 @@ def choose_draft_runtime(
         return candidates[0]
 
     def measure(runtime: str) -> float:
+        if runtime in ("int8", "int4"):
+            return runtime_choice.step_ms(stand_in_backend(draft, runtime, cache_dir, progress))
         return runtime_choice.step_ms(parse_runtime(runtime).load(draft, cache_dir, progress))
 
     chosen, measured = runtime_choice.choose(draft, candidates, root, measure)

@@ -402,3 +402,12 @@ def test_doctor_checks_the_int4_runtime_too(capsys):
     out = capsys.readouterr().out
     assert f"int4 runtime: kernel built, {kernels.PATHS[kernels.best_path()]} path" in out
     assert out.count("8 threads: ok") == 2  # int8 and int4
+
+
+def test_an_output_layer_quantized_in_pieces_is_the_whole_byte_for_byte(monkeypatch):
+    from specdec.backends.quant import int4
+
+    weight = torch.randn(16 * 13, 64, generator=torch.Generator().manual_seed(0))
+    whole = int4.pack(*int4.quantize_groups(weight))
+    monkeypatch.setattr(int4, "ROWS_AT_ONCE", 16 * 4)  # 13 tiles: pieces of 4, 4, 4, 1
+    assert torch.equal(int4.quantize_and_pack(weight), whole)

@@ -54,41 +54,63 @@ def make_int8_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrain
     takes ~20 s for a 1.5B model; two threads do it (the torch ops release the GIL).
     ``progress(step, done, total)`` is called as layers finish.
     """
-    return swap_linears(model, RowInt8Linear, "quantizing to int8", progress)
+    return swap_linears(model, linear_quantizer("int8"), "quantizing to int8", progress)
 
 
 def make_int4_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrainedModel:
     """Swap every nn.Linear the kernel fits for RowInt4Linear (others for RowInt8Linear),
     fuse q/k/v and gate/up first, and run the rest as the int8 runtime does. The model must
     be float32 on the CPU; it is changed in place and returned."""
-    kernels.kernel()  # fail before any work if it cannot build
+    return swap_linears(model, linear_quantizer("int4"), "quantizing to int4", progress)
+
+
+def linear_quantizer(kind: str) -> Callable[[nn.Linear], nn.Module]:
+    """What a float linear becomes on runtime ``kind``: int8 rows, or int4 blocks where the
+    kernel takes its shape (int8 rows otherwise). int4 builds the kernel first: a machine
+    without a compiler fails before any work."""
+    if kind == "int8":
+        return RowInt8Linear
+    if kind != "int4":
+        raise ValueError(f"runtime form must be int8 or int4, got {kind!r}")
+    kernels.kernel()
 
     def quantized(linear: nn.Linear) -> nn.Module:
         return RowInt4Linear(linear) if fits(linear) else RowInt8Linear(linear)
 
-    return swap_linears(model, quantized, "quantizing to int4", progress)
+    return quantized
 
 
 def swap_linears(
     model: PreTrainedModel, quantized: Callable[[nn.Linear], nn.Module], step: str, progress=None
 ) -> PreTrainedModel:
-    """Fuse q/k/v and gate/up, replace every nn.Linear by ``quantized(linear)`` on two threads
-    (reporting ``progress(step, done, total)``), then ``finish_quantized_model``."""
-    fused.fuse_projections(model)
+    """``quantize_linears`` over the whole model, then ``finish_quantized_model``."""
+    quantize_linears(model, quantized, step, progress)
+    finish_quantized_model(model)
+    return model
+
+
+def quantize_linears(
+    module: nn.Module,
+    quantized: Callable[[nn.Linear], nn.Module],
+    step: str = "",
+    progress=None,
+) -> None:
+    """Fuse q/k/v and gate/up within ``module`` (a model, or one decoder layer of it), then
+    replace every nn.Linear in it by ``quantized(linear)`` on two threads, reporting
+    ``progress(step, done, total)``. The float weights are dropped as each is replaced."""
+    fused.fuse_projections(module)
     slots = [
-        (module, name, child)
-        for module in model.modules()
-        for name, child in module.named_children()
+        (parent, name, child)
+        for parent in module.modules()
+        for name, child in parent.named_children()
         if isinstance(child, nn.Linear)
     ]
     with ThreadPoolExecutor(max_workers=2) as pool:
         layers = pool.map(lambda slot: quantized(slot[2]), slots)
-        for done, ((module, name, _), layer) in enumerate(zip(slots, layers, strict=True), start=1):
-            setattr(module, name, layer)
+        for done, ((parent, name, _), layer) in enumerate(zip(slots, layers, strict=True), 1):
+            setattr(parent, name, layer)
             if progress is not None:
                 progress(step, done, len(slots))
-    finish_quantized_model(model)
-    return model
 
 
 def finish_quantized_model(model: PreTrainedModel) -> None:

@@ -58,6 +58,20 @@ def pack(codes: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor) -> t
     return torch.cat([nibbles.reshape(tiles, groups, 256), d, m], dim=-1).contiguous()
 
 
+ROWS_AT_ONCE = 8192  # outputs quantized together: the output layer's temporaries stay small
+
+
+def quantize_and_pack(weight: torch.Tensor) -> torch.Tensor:
+    """``pack(*quantize_groups(weight))``, ``ROWS_AT_ONCE`` outputs at a time: each output
+    row is quantized on its own and packed in tiles of 16 rows, so the pieces are the whole's
+    bytes, without the whole's float temporaries (2.8 GB for the 1.5B's output layer)."""
+    pieces = [
+        pack(*quantize_groups(weight[start : start + ROWS_AT_ONCE]))
+        for start in range(0, weight.shape[0], ROWS_AT_ONCE)
+    ]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+
 def unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``pack``'s inverse: (codes uint8 [out, in], scales, minimums float16 [out, in / 32])."""
     tiles, groups, _ = packed.shape
@@ -89,9 +103,8 @@ def fits(linear: nn.Linear) -> bool:
 class RowInt4Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        codes, scales, minimums = quantize_groups(linear.weight.detach())
         bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
-        self._set(pack(codes, scales, minimums), bias)
+        self._set(quantize_and_pack(linear.weight.detach()), bias)
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, bias: torch.Tensor | None) -> RowInt4Linear:

@@ -150,7 +150,7 @@ def load(directory: Path, progress=None) -> PreTrainedModel:
     }
     model.load_state_dict(floats, strict=False, assign=True)
     _give_back_freed_memory()
-    _rebuild_meta_buffers(model, config)
+    rebuild_meta_buffers(model, config)
     if (directory / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(directory)
     finish_quantized_model(model)
@@ -220,7 +220,7 @@ class _Reader:
         return torch.frombuffer(data, dtype=_DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
 
-def _rebuild_meta_buffers(model: nn.Module, config) -> None:
+def rebuild_meta_buffers(model: nn.Module, config) -> None:
     """Buffers not saved in a state dict (rotary frequencies) are computed again on the CPU."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -236,11 +236,14 @@ def load_or_build(
     progress=None,
     kind: str = "int8",
     check_source: Callable[[], object] | None = None,
+    build: Callable[[], PreTrainedModel] | None = None,
 ) -> PreTrainedModel:
-    """The int8 (int4) model of the float32 model in ``source``: from ``directory`` when it
-    holds a complete, undamaged runtime form of this source, else quantized now and written
-    there. ``check_source`` is called before the source's weights are read (the model cache
-    checks their digests, and converts them again if they are damaged)."""
+    """The int8 (int4) model of the model in ``source``: from ``directory`` when it holds a
+    complete, undamaged runtime form of this source, else made now and written there.
+    ``build`` makes it (``from_gguf.build_form``: ``source`` then holds only the config
+    and tokenizer); without it the float32 model in ``source`` is loaded and quantized.
+    ``check_source`` is called before the source's weights are read (the model cache checks
+    their digests, and converts them again if they are damaged)."""
     from transformers import AutoModelForCausalLM
 
     make = quantizer(kind)
@@ -253,10 +256,29 @@ def load_or_build(
             return load(directory, progress)  # another process wrote it while we waited
         if check_source is not None:
             check_source()
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-        make(model, progress)
+        if build is not None:
+            model = build()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+            make(model, progress)
         save(model, source, directory, kind)
+        _map_large_floats(model, directory)
     return model
+
+
+def _map_large_floats(model: nn.Module, directory: Path) -> None:
+    """Point the model's large float tensors (embeddings) at the file just written, mapped as
+    ``load`` maps them: the same values, and only the rows read are resident (the 1.5B's
+    embedding table is 0.93 GB of float32)."""
+    reader = _Reader(directory / WEIGHTS)
+    for name, parameter in list(model.named_parameters()):
+        stored = f"float:{name.replace('.inner.', '.')}"
+        if stored in reader.names and reader.size(stored) > MAP_ABOVE:
+            mapped = reader.read(stored, mapped=True)
+            assert torch.equal(mapped, parameter.data), "the file holds what was just written"
+            parent, _, attribute = name.rpartition(".")
+            setattr(model.get_submodule(parent), attribute, nn.Parameter(mapped, False))
+    _give_back_freed_memory()
 
 
 def _intact(source: Path, directory: Path, kind: str, progress) -> bool:

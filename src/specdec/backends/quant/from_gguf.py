@@ -1,0 +1,191 @@
+"""The int8 and int4 runtime forms made straight from a GGUF file, one decoder layer at a time.
+
+Why: the other way in (``models.ensure_converted``, then ``store.load_or_build``) writes the
+whole model as float32 safetensors first and loads it back whole: for the default pair 9 GB
+on disk and about 12 GB resident on a first run. Here each GGUF tensor is dequantized when
+its layer is reached, the layer's projections are fused and quantized, and its float weights
+are freed before the next layer is read: at most one layer's float32 weights (and the output
+layer's, for that step) are held at once, and nothing float is written.
+
+Exactness: the tensors are dequantized by gguf-py's ``dequantize`` and passed through
+transformers' own per-architecture tensor processor (``TENSOR_PROCESSORS``: Llama's q/k
+un-permutation), the same calls transformers' GGUF loader makes, and then quantized by the
+same ``convert`` functions: the runtime form is the one the float32 route makes, byte for
+byte (``tests/backends/quant/test_from_gguf.py`` compares them).
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from specdec.backends.quant import convert
+
+_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")  # a decoder layer's parameters share a prefix
+
+
+class GGUFTensors:
+    """The tensors of a GGUF file under the names of ``model``'s parameters (a skeleton on the
+    meta device will do), each read and dequantized to float32 when asked for."""
+
+    def __init__(self, path: Path, model: nn.Module, config: dict):
+        from transformers.modeling_gguf_pytorch_utils import (
+            TENSOR_PROCESSORS,
+            TensorProcessor,
+            get_gguf_hf_weights_map,
+        )
+
+        from specdec.gguf_file import architecture, tensor_data
+
+        self.file, data = tensor_data(path)
+        processor = TENSOR_PROCESSORS.get(architecture(path), TensorProcessor)
+        self.processor = processor(config=config)
+        self.mapping = get_gguf_hf_weights_map(model, self.processor)  # GGUF name -> ours
+        self.tensors = {
+            self.mapping[name]: (name, *data[name]) for name in data if name in self.mapping
+        }
+
+    def read(self, name: str) -> torch.Tensor:
+        """Parameter ``name`` as float32, as transformers' GGUF loader gives it."""
+        from gguf import GGMLQuantizationType
+
+        gguf_name, data, ggml_type = self.tensors[name]
+        weights = _dequantized(data, GGMLQuantizationType(ggml_type))
+        _drop_pages(self.file, data)
+        processed = self.processor.process(
+            weights=weights,
+            name=gguf_name,
+            tensor_key_mapping=self.mapping,
+            parsed_parameters={"config": self.processor.config, "tensors": {}},
+        )
+        assert processed.name == gguf_name, "dense models keep one tensor a parameter"
+        weights = np.ascontiguousarray(processed.weights, dtype=np.float32)
+        if not weights.flags.writeable:
+            weights = weights.copy()  # a float32 tensor is a view of the mapped file
+        return torch.from_numpy(weights)
+
+
+def _drop_pages(file: np.memmap, data: np.ndarray) -> None:
+    """Unmap the pages of ``file`` that a tensor's bytes were read from: they stay in the
+    page cache, but no longer count as this process's memory (the 1.5B's file would, 1.1 GB)."""
+    offset = data.ctypes.data - file.ctypes.data
+    start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+    if data.nbytes:
+        file._mmap.madvise(  # type: ignore[attr-defined]  # numpy's own mapping
+            mmap.MADV_DONTNEED, start, offset + data.nbytes - start
+        )
+
+
+CHUNK_ROWS = 8192  # rows of a large tensor (the embeddings) dequantized by one thread at a time
+
+
+def _dequantized(data: np.ndarray, kind) -> np.ndarray:
+    """gguf-py's ``dequantize``; a tensor of many rows in pieces on two threads (numpy
+    releases the GIL: the 1.5B's output layer took 8.6 s on one). Rows are independent in
+    every GGUF block format, so the pieces are the whole's rows."""
+    from gguf import dequantize
+
+    rows = data.shape[0] if data.ndim == 2 else 0
+    if rows < 2 * CHUNK_ROWS:
+        return dequantize(data, kind)
+    first = dequantize(data[:CHUNK_ROWS], kind)
+    out = np.empty((rows, first.shape[1]), dtype=first.dtype)
+    out[:CHUNK_ROWS] = first
+
+    def piece(start: int) -> None:  # written in place: no second copy of the whole
+        out[start : start + CHUNK_ROWS] = dequantize(data[start : start + CHUNK_ROWS], kind)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(piece, range(CHUNK_ROWS, rows, CHUNK_ROWS)))
+    return out
+
+
+def build_form(gguf: Path, model_files: Path, kind: str, progress=None) -> PreTrainedModel:
+    """The model of ``gguf`` on runtime ``kind`` (int8 or int4), built layer by layer.
+    ``model_files``: its config.json and generation_config.json, as transformers parses them
+    from the GGUF's metadata (``models.ensure_model_files``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from specdec.backends.quant.store import rebuild_meta_buffers
+
+    quantized = convert.linear_quantizer(kind)
+    config = AutoConfig.from_pretrained(model_files)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = GGUFTensors(gguf, model, config.to_dict())
+    _check_every_parameter_is_there(model, tensors)
+    groups = _groups(model, tensors)
+    step = f"quantizing to {kind} (from the GGUF, layer by layer)"
+    with ThreadPoolExecutor(max_workers=1) as reader:  # the next group dequantizes meanwhile
+        pending = reader.submit(_read_group, tensors, groups[0][1])
+        for done, (prefix, _) in enumerate(groups, start=1):
+            floats = pending.result()
+            if done < len(groups):
+                pending = reader.submit(_read_group, tensors, groups[done][1])
+            _assign(model, floats)
+            del floats
+            if prefix is None:  # embeddings, final norm, output layer
+                _tie_output_layer(model, config)
+            module = model if prefix is None else model.get_submodule(prefix)
+            convert.quantize_linears(module, quantized)
+            if progress is not None:
+                progress(step, done, len(groups))
+    rebuild_meta_buffers(model, config)
+    if (model_files / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(model_files)
+    convert.finish_quantized_model(model)
+    return model.eval()
+
+
+def _groups(model: nn.Module, tensors: GGUFTensors) -> list[tuple[str | None, list[str]]]:
+    """The parameters to read, by decoder layer in order, then the rest (prefix None)."""
+    layers: dict[str, list[str]] = {}
+    rest: list[str] = []
+    for name, _ in _parameters(model):
+        if name not in tensors.tensors:
+            continue  # a tied output layer: it shares the input embedding
+        match = _LAYER.match(name)
+        (layers.setdefault(match.group(1), []) if match else rest).append(name)
+    return [*layers.items(), (None, rest)]
+
+
+def _parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
+    return model.named_parameters(remove_duplicate=False)
+
+
+def _check_every_parameter_is_there(model: PreTrainedModel, tensors: GGUFTensors) -> None:
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    missing = [n for n, _ in _parameters(model) if n not in tensors.tensors and n not in tied]
+    if missing:
+        raise ValueError(f"the GGUF file has no tensor for {', '.join(missing[:5])}")
+
+
+def _read_group(tensors: GGUFTensors, names: list[str]) -> dict[str, torch.Tensor]:
+    return {name: tensors.read(name) for name in names}
+
+
+def _assign(model: nn.Module, floats: dict[str, torch.Tensor]) -> None:
+    for name, tensor in floats.items():
+        parent, _, attribute = name.rpartition(".")
+        module = model.get_submodule(parent)
+        expected = tuple(getattr(module, attribute).shape)
+        if tuple(tensor.shape) != expected:
+            raise ValueError(
+                f"GGUF tensor for {name} has shape {tuple(tensor.shape)}, not {expected}"
+            )
+        setattr(module, attribute, nn.Parameter(tensor, requires_grad=False))
+
+
+def _tie_output_layer(model: PreTrainedModel, config) -> None:
+    """A tied output layer reads the input embedding's weights (the skeleton's tie pointed at
+    the meta tensor that was replaced)."""
+    if config.tie_word_embeddings:
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
