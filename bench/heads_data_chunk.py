@@ -7,7 +7,7 @@ Loads the default target on each runtime of ``--dtype`` (cached runtime forms, a
 data`` does), keeps its features, and runs it over the first ``--chunks`` chunks of the
 default corpus (the Python standard library, in ``heads data``'s order): the time of each
 chunk and their median, with the minutes ``heads data`` would need for the 426 chunks of
-the measured recipe (docs/heads.md).
+the measured recipe (docs/notes/heads.md).
 
 ``--int4-path avx2`` pins the int4 kernel to its AVX2 code (bit-identical output); with
 torch's kernels held to AVX2 too, before Python starts, it estimates a CPU without AVX-512

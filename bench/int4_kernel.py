@@ -8,7 +8,7 @@ output layer stays int8). Reported: whether a block's rows equal single rows bit
 the 1-token step (64-token context, median over interleaved repeats) of int4, the int8
 runtime and llama.cpp's Q4_K_M, v(n) = n-token pass / step for int4 and int8, and the
 negative log-likelihood of int4 and int8 on a held-out standard-library file.
-This is the measurement behind docs/runtime-search.md section 3; nothing ships from it.
+This is the measurement behind docs/notes/runtime-search.md section 3; nothing ships from it.
 """
 
 from __future__ import annotations

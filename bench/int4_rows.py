@@ -5,7 +5,7 @@ python bench/int4_rows.py --compare-paths amx,avx512 [--repeats 4]
 
 1. The whole model: a pass of 1, 4, 8, 16 and 32 new tokens after 128 cached ones, on the
    int4 and the int8 runtime, interleaved over ``--repeats`` rounds, medians (what decides
-   which runtime suits a server's batches; docs/runtime-search.md section 9).
+   which runtime suits a server's batches; docs/notes/runtime-search.md section 9).
 2. The int4 linears alone (the output layer left out): one call per layer for 1..16 rows of
    random activations, medians over 6 rounds (the cost of an extra row of a verify pass).
 

@@ -8,7 +8,7 @@ Reported: the median step, v(n) = n-token pass / step, whether the int4 runtime'
 passes equal its steps bit for bit (logits of a 9-token block against 9 steps), and the
 negative log-likelihood of each runtime on 1,000 held-out tokens (the standard library's
 json/decoder.py). ``--lm-head int8`` keeps the output layer in int8 (for the comparison
-behind the default). This is the measurement behind docs/runtime-search.md section 5.
+behind the default). This is the measurement behind docs/notes/runtime-search.md section 5.
 """
 
 from __future__ import annotations

@@ -248,7 +248,7 @@ class FallbackK:
     drafts cost nothing and are accepted in long runs where the reply copies the prompt,
     EAGLE's cost a head step and are accepted one or two at a time; mixed, the chain drafted
     EAGLE deeper than EAGLE alone did on chat (k = 2 against 1, on the 2-core EPYC) and cut
-    lookup's long copies to EAGLE's k (docs/heads.md, "Prompt lookup in front")."""
+    lookup's long copies to EAGLE's k (docs/notes/heads.md, "Prompt lookup in front")."""
 
     members: list[str]
     max_k: int = 8

@@ -254,7 +254,7 @@ def _assemble(entry: CatalogEntry, target: Path, progress: Progress) -> Path:
 
 # The catalog's files are Q4_K_M, whose multi-token passes cost nearly a step per token in
 # llama.cpp. Other types use other kernels; which pays is measured, not assumed (on the AVX2
-# machine of docs/runtime-search.md only f16 gave a cheap 5-token pass, at a slower step, and
+# machine of docs/notes/runtime-search.md only f16 gave a cheap 5-token pass, at a slower step, and
 # q4_0 the cheapest draft step). Requantizing dequantizes each tensor to float32 first:
 # nothing finer than the Q4_K_M source comes back, but nothing more is lost for q8_0, f16, bf16.
 GGUF_TYPES = {

@@ -3,7 +3,7 @@
 Why: the Python layer loop of ``batched.BatchedModel`` makes some 30 calls a layer around
 the kernel's products and row operations; measured on the int4 1.5B (AMD EPYC, 2 cores,
 every kernel held to its AVX2 code), 6.8 of a 37.4 ms step went there, and 5.9 of a 20.9 ms
-step of the 0.5B draft (docs/runtime-search.md section 10). ``LayerStack`` runs the same
+step of the 0.5B draft (docs/notes/runtime-search.md section 10). ``LayerStack`` runs the same
 kernel calls in the same order from C++: the same bits (``tests/backends/test_layer_stack.py``),
 without the Python.
 

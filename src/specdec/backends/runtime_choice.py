@@ -5,8 +5,9 @@ The draft's cost per token is the paper's c: what decides whether a draft pays. 
 gives the cheapest draft step depends on the CPU and the builds (measured: the 0.5B steps in
 ~11 ms on llama.cpp Q4_0 and ~20 ms on int8 on an AVX-512 EPYC, 29 vs 70-98 ms on an AVX2 one;
 a Xeon's int8 step was 60 ms), so it is measured, not assumed: the first time a draft is chosen
-for on a machine, it is loaded on each candidate runtime and its one-token step timed (warm,
-interleaved, median); the fastest wins.
+for on a machine, its one-token step is timed on each candidate runtime (warm, median); the
+fastest wins. int8 and int4 are timed on stand-ins of the model (``quant/stand_in.py``: its
+shapes, made-up weights), so that the form of the runtime that loses is never made.
 
 A target is timed on a 5-token pass instead: the verify pass of a round with k = 4. For one
 drafter, acceptance and k, a round's tokens are the same on either runtime and its time

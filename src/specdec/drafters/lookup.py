@@ -10,7 +10,7 @@ a good one. Replayed on the greedy outputs of the bench's four workloads (1.5B t
 prompts each, k = 4, ``bench/lookup_matches.py``): after a 1-token match the copied draft
 gave 0.18 (chat), 0.52 (code), 0.17 (editing) and 1.04 (summaries) accepted tokens a round,
 after a 2-token match 0.80, 0.64, 1.67 and 2.86, after 3+ tokens 2.9-3.6 on editing and
-summaries; EAGLE's drafts are accepted 0.4-0.7 a round (docs/heads.md, "Prompt lookup in
+summaries; EAGLE's drafts are accepted 0.4-0.7 a round (docs/notes/heads.md, "Prompt lookup in
 front").
 """
 

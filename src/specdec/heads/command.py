@@ -163,7 +163,7 @@ def add_parser(commands, parser_class) -> None:
         help="EAGLE: where its layer starts when training starts (not when it continues): "
         "target = the target's last decoder layer (attention, norms, its strongest MLP "
         "channels) and final norm, random = transformers' random weights (default: target; "
-        'docs/heads.md, "Starting from the target\'s last layer")',
+        'docs/notes/heads.md, "Starting from the target\'s last layer")',
     )
     train.add_argument("--restart", action="store_true", help="discard a checkpoint, start over")
     _common(train)
@@ -236,7 +236,7 @@ def add_parser(commands, parser_class) -> None:
         help="budget of data and training, the evaluation not counted (default: 90; on an "
         "AVX-512 EPYC, 2 cores, the default make took 90.1 minutes and its EAGLE ran 2.29x "
         "plain int8 on code and 1.95x on chat; on an AVX2 EPYC 90.1 minutes, and its EAGLE "
-        "with lookup in front ran 2.34x on code and 2.27x on chat: docs/heads.md)",
+        "with lookup in front ran 2.34x on code and 2.27x on chat: docs/notes/heads.md)",
     )
     making.add_argument(
         "--corpus",

@@ -17,8 +17,10 @@ def target_fingerprint(model) -> str:
     digest = hashlib.sha256()
     for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size"):
         digest.update(f"{key}={getattr(config, key, None)};".encode())
-    embedding = model.get_input_embeddings().weight.detach()
-    digest.update(embedding[::64].float().contiguous().numpy().tobytes())
+    embedding = model.get_input_embeddings()  # rows looked up: a table in GGUF blocks too
+    with torch.no_grad():
+        rows = embedding(torch.arange(0, embedding.num_embeddings, 64))
+    digest.update(rows.float().contiguous().numpy().tobytes())
     decoder = model.get_decoder()
     for name, tensor in sorted(decoder.norm.state_dict().items()):
         digest.update(name.removeprefix("inner.").encode())

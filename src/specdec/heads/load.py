@@ -124,7 +124,7 @@ def auto_recipe(
     int4 target, the 90-minute EAGLE head), run by run over the bench's four workloads, three
     runs, chat / code / edit / summary: in front of EAGLE 1.010 / 0.985 / 1.261 / 1.427, 1.011 /
     1.041 / 1.152 / 1.499 and 1.095 / 0.966 / 1.158 / 1.431 of EAGLE alone; in front of the 0.5B
-    draft 1.003 / 1.029 / 1.095 / 1.290 of it (docs/heads.md, "Prompt lookup in front")."""
+    draft 1.003 / 1.029 / 1.095 / 1.290 of it (docs/notes/heads.md, "Prompt lookup in front")."""
     recipe, why = _auto_drafter(target, cache_dir, target_name, can_choose)
     if lookup_in_front and not is_choice(recipe):
         return f"lookup+{recipe}", why
@@ -144,7 +144,7 @@ def _auto_drafter(
     bench runs over the four workloads, by median 1-15% behind EAGLE alone in 11 of 12
     workload-runs (its switches and the rounds it gives the other member cost more than
     its picks gain), while EAGLE alone ran level with the draft model on code and 4-16%
-    ahead on chat, editing and summaries (docs/heads.md, "Adaptive k that drafts again").
+    ahead on chat, editing and summaries (docs/notes/heads.md, "Adaptive k that drafts again").
     Where heads are predicted fastest but the draft model was not evaluated, nothing says
     which of the two is faster, so both as a choice when ``can_choose`` (k auto and a draft
     model at hand): a weak 12-minute EAGLE head taken alone made the README's quicksort
@@ -193,7 +193,7 @@ def eagle_on_int4(model: nn.Module) -> bool:
     """Whether an EAGLE head beside ``model`` runs on the int4 runtime (``quantize``): beside
     an int4 target, and beside an int8 one wherever the int4 kernel builds (a draft needs no
     particular numbers, only its own ``draft_probs``). Measured beside the int8 1.5B on the
-    AMD EPYC (`python bench/eagle_int4.py --target-runtime int8`): docs/heads.md, "EAGLE on
+    AMD EPYC (`python bench/eagle_int4.py --target-runtime int8`): docs/notes/heads.md, "EAGLE on
     int4 beside an int8 target"."""
     from specdec.backends.quant import kernels
 

@@ -3,7 +3,7 @@ budget, run as the separate ``heads data`` / ``heads train`` / ``heads eval`` co
 run them (the same code, with the target loaded once), then evaluated.
 
 The budget is shared out by the recipes measured within 90 minutes on 2 cores
-(docs/heads.md): on the AVX-512 EPYC code data 17, chat data 20, EAGLE 35 + 15 minutes at
+(docs/notes/heads.md): on the AVX-512 EPYC code data 17, chat data 20, EAGLE 35 + 15 minutes at
 distillation weight 1.0 (87.4 minutes, the issue's goals met); on the AVX2 EPYC 19, 24, 28 +
 12 (84.4). Both are close to the shares below. A phase that ends early (a corpus read to its
 end, every prompt answered) leaves its time to the phases after it, in proportion to what

@@ -112,7 +112,7 @@ def start_from_target(head: EagleHead, layer: dict[str, torch.Tensor], norm: tor
     output most, in their order); a wider one all of them, first, its other channels
     random as built (a zero channel would get no gradient). ``fc`` starts as the feature's
     identity, its embedding half zero: the layer first reads f_i and learns the token's
-    part. MEASURED (held out, the same 500 training steps, docs/heads.md "Starting from the
+    part. MEASURED (held out, the same 500 training steps, docs/notes/heads.md "Starting from the
     target's last layer"): first draft accepted 0.533 on chat against 0.467 from random
     weights, code level."""
     own = head.body.layers[0]

@@ -46,13 +46,13 @@ PRECISIONS = ("auto", "bfloat16", "float32")
 # EAGLE: where its layer starts (``nets.start_from_target``); Medusa's heads always start as
 # the identity. The target's last layer is the default: after the same 500 float32 steps its
 # first chat draft was accepted 0.533 against 0.467 from random weights, code level
-# (docs/heads.md, "Starting from the target's last layer").
+# (docs/notes/heads.md, "Starting from the target's last layer").
 INITS = ("target", "random")
 DEFAULT_INIT = "target"
 # Defaults by the precision training runs in. In float32 (a CPU without native bfloat16) the
 # output layer is most of a step: 16,384 rows, distilled on every 4th position, gave 2.8x
 # the steps of 32,768 rows on all of them and better drafts held out after the same 12
-# minutes (first draft accepted 0.375 against 0.289; docs/heads.md, "Cheaper steps").
+# minutes (first draft accepted 0.375 against 0.289; docs/notes/heads.md, "Cheaper steps").
 DEFAULT_VOCAB_SIZE = {"bfloat16": 32768, "float32": 16384}
 DEFAULT_DISTILL_EVERY = {"bfloat16": 1, "float32": 4}  # EAGLE; Medusa always distils all
 

@@ -1,7 +1,7 @@
 // specdec's int4 linear layer: 4-bit weights in groups of 32 (a scale and a minimum per
 // group, float16), int8 activations in groups of 32 (a scale per group), for the CPU.
 //
-// Why a kernel of our own (measured in docs/runtime-search.md): PyTorch's int4 kernel
+// Why a kernel of our own (measured in docs/notes/runtime-search.md): PyTorch's int4 kernel
 // unpacks at about half the memory speed and takes rows in groups of 4, so a 5-token verify
 // pass costs 2.4-2.8 one-token steps; llama.cpp's multi-token passes cost 2.4-3.8 steps here.
 // This kernel unpacks each block of weights once and applies it to up to 8 rows of the pass
@@ -178,7 +178,7 @@ void tile_scalar(const uint8_t* blocks, const Activations& a, int64_t row0, int6
 // same isum, the same bits). Against the first version (one half at a time, every product
 // widened), on an AVX-512 EPYC running this path: a whole pass of the 1.5B 0.66-0.77x the
 // time for 1 row, 0.55-0.59x for 4, 0.63-0.70x for 32 (`python bench/int4_rows.py --path
-// avx2`, docs/runtime-search.md section 7).
+// avx2`, docs/notes/runtime-search.md section 7).
 template <int R>
 __attribute__((target("avx2,fma,f16c"))) inline void rows_avx2(const uint8_t* blocks,
                                                             const Activations& a, int64_t r0,

@@ -2,7 +2,7 @@
 // order, as the Python layer loop of backends/batched.py makes one by one.
 //
 // Why (measured on the 1.5B, AMD EPYC, 2 cores, every kernel held to its AVX2 code;
-// docs/runtime-search.md section 10): with the row operations in the kernel, a one-token step
+// docs/notes/runtime-search.md section 10): with the row operations in the kernel, a one-token step
 // of the int4 1.5B still spent 6.8 of its 37.4 ms outside every kernel call, in the some 30
 // Python calls and small torch operations a layer makes around them (modules, views, splits,
 // the caches' bookkeeping), and a step of the 0.5B draft 5.9 of 20.9 ms. Here they are a few

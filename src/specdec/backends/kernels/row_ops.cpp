@@ -1,7 +1,7 @@
 // The int4 runtime's other row-wise operations: RMS norm, SiLU-gated product, rotary
 // embedding and causal attention, each over all rows of a pass in ONE call.
 //
-// Why (measured on the 1.5B, AMD EPYC, 2 cores; docs/runtime-search.md section 6): with the
+// Why (measured on the 1.5B, AMD EPYC, 2 cores; docs/notes/runtime-search.md section 6): with the
 // int4 kernel a one-token step spent 24.6 ms in the linear layers and 5.5 ms in some 1,000
 // small torch calls around them (a norm alone is six; a 5-token pass ran attention as five
 // calls a layer), and a 5-token pass 9.8 ms. The int8 runtime keeps those torch calls.

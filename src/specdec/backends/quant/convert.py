@@ -119,7 +119,7 @@ def finish_quantized_model(model: PreTrainedModel) -> None:
     fit (``use_row_kernels``): always on an int4 model, and on an int8 one wherever the
     kernel builds (the same row-invariance in one call a pass instead of some 1,000 small
     torch calls a step, and KV caches written in place: the 1.5B's int8 step 6-9% shorter, a
-    pass of 32 sequences 24-25%, AMD EPYC, docs/runtime-search.md section 8). Without a
+    pass of 32 sequences 24-25%, AMD EPYC, docs/notes/runtime-search.md section 8). Without a
     compiler an int8 model keeps the torch forms above."""
     _register_attention()
     _wrap_token_by_token(model)

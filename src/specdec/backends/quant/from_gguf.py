@@ -53,12 +53,16 @@ class GGUFTensors:
             self.mapping[name]: (name, *data[name]) for name in data if name in self.mapping
         }
 
-    def read(self, name: str) -> torch.Tensor:
-        """Parameter ``name`` as float32, as transformers' GGUF loader gives it."""
-        from gguf import GGMLQuantizationType
+    def read(self, name: str, start: int = 0, rows: int | None = None) -> torch.Tensor:
+        """Parameter ``name`` as float32, as transformers' GGUF loader gives it; ``rows``
+        of it from ``start`` (tensors the processor does not change: output, embedding)."""
+        from gguf import GGMLQuantizationType, dequantize
 
         gguf_name, data, ggml_type = self.tensors[name]
-        weights = _dequantized(data, GGMLQuantizationType(ggml_type))
+        if rows is not None:
+            assert gguf_name in ("output.weight", "token_embd.weight"), "read whole, processed"
+            data = data[start : start + rows]
+        weights = dequantize(data, GGMLQuantizationType(ggml_type))
         _drop_pages(self.file, data)
         processed = self.processor.process(
             weights=weights,
@@ -84,34 +88,30 @@ def _drop_pages(file: np.memmap, data: np.ndarray) -> None:
         )
 
 
-CHUNK_ROWS = 8192  # rows of a large tensor (the embeddings) dequantized by one thread at a time
+PIECE_ROWS = 8192  # rows of the output layer dequantized and quantized at a time
 
 
-def _dequantized(data: np.ndarray, kind) -> np.ndarray:
-    """gguf-py's ``dequantize``; a tensor of many rows in pieces on two threads (numpy
-    releases the GIL: the 1.5B's output layer took 8.6 s on one). Rows are independent in
-    every GGUF block format, so the pieces are the whole's rows."""
-    from gguf import dequantize
-
-    rows = data.shape[0] if data.ndim == 2 else 0
-    if rows < 2 * CHUNK_ROWS:
-        return dequantize(data, kind)
-    first = dequantize(data[:CHUNK_ROWS], kind)
-    out = np.empty((rows, first.shape[1]), dtype=first.dtype)
-    out[:CHUNK_ROWS] = first
-
-    def piece(start: int) -> None:  # written in place: no second copy of the whole
-        out[start : start + CHUNK_ROWS] = dequantize(data[start : start + CHUNK_ROWS], kind)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        list(pool.map(piece, range(CHUNK_ROWS, rows, CHUNK_ROWS)))
-    return out
+def _pieces(tensors: GGUFTensors, name: str) -> Iterator[torch.Tensor]:
+    """Parameter ``name`` as float32 pieces of ``PIECE_ROWS`` rows, in order, the next one
+    dequantized on a second thread while the caller quantizes this one. Rows are independent
+    in every GGUF block format, so the pieces are the whole's rows."""
+    rows = tensors.tensors[name][1].shape[0]
+    starts = list(range(0, rows, PIECE_ROWS))
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        pending = reader.submit(tensors.read, name, 0, PIECE_ROWS)
+        for index in range(len(starts)):
+            piece = pending.result()
+            if index + 1 < len(starts):
+                pending = reader.submit(tensors.read, name, starts[index + 1], PIECE_ROWS)
+            yield piece
 
 
 def build_form(gguf: Path, model_files: Path, kind: str, progress=None) -> PreTrainedModel:
-    """The model of ``gguf`` on runtime ``kind`` (int8 or int4), built layer by layer.
-    ``model_files``: its config.json and generation_config.json, as transformers parses them
-    from the GGUF's metadata (``models.ensure_model_files``)."""
+    """The model of ``gguf`` on runtime ``kind`` (int8 or int4), built layer by layer, its
+    token embedding kept in the GGUF's blocks (``embedding.BlockEmbedding``) and its output
+    layer quantized ``PIECE_ROWS`` rows at a time. ``model_files``: its config.json and
+    generation_config.json, as transformers parses them from the GGUF's metadata
+    (``models.ensure_model_files``)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     from specdec.backends.quant.store import rebuild_meta_buffers
@@ -122,8 +122,10 @@ def build_form(gguf: Path, model_files: Path, kind: str, progress=None) -> PreTr
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tensors = GGUFTensors(gguf, model, config.to_dict())
     _check_every_parameter_is_there(model, tensors)
-    groups = _groups(model, tensors)
+    ends = _ends(model, config)
+    groups = _groups(model, tensors, skip=set(ends.values()))
     step = f"quantizing to {kind} (from the GGUF, layer by layer)"
+    total = len(groups) + 1
     with ThreadPoolExecutor(max_workers=1) as reader:  # the next group dequantizes meanwhile
         pending = reader.submit(_read_group, tensors, groups[0][1])
         for done, (prefix, _) in enumerate(groups, start=1):
@@ -132,12 +134,13 @@ def build_form(gguf: Path, model_files: Path, kind: str, progress=None) -> PreTr
                 pending = reader.submit(_read_group, tensors, groups[done][1])
             _assign(model, floats)
             del floats
-            if prefix is None:  # embeddings, final norm, output layer
-                _tie_output_layer(model, config)
-            module = model if prefix is None else model.get_submodule(prefix)
-            convert.quantize_linears(module, quantized)
+            if prefix is not None:
+                convert.quantize_linears(model.get_submodule(prefix), quantized)
             if progress is not None:
-                progress(step, done, len(groups))
+                progress(step, done, total)
+    _set_ends(model, tensors, ends, kind)
+    if progress is not None:
+        progress(step, total, total)
     rebuild_meta_buffers(model, config)
     if (model_files / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(model_files)
@@ -145,13 +148,47 @@ def build_form(gguf: Path, model_files: Path, kind: str, progress=None) -> PreTr
     return model.eval()
 
 
-def _groups(model: nn.Module, tensors: GGUFTensors) -> list[tuple[str | None, list[str]]]:
-    """The parameters to read, by decoder layer in order, then the rest (prefix None)."""
+def _ends(model: PreTrainedModel, config) -> dict[str, str]:
+    """The parameter names of the input embedding and of the output layer's weights (the
+    embedding's, when they are tied)."""
+    names = {id(module): name for name, module in model.named_modules()}
+    embedding = f"{names[id(model.get_input_embeddings())]}.weight"
+    output = f"{names[id(model.get_output_embeddings())]}.weight"
+    return {"embedding": embedding, "output": embedding if config.tie_word_embeddings else output}
+
+
+def _set_ends(model: PreTrainedModel, tensors: GGUFTensors, ends: dict[str, str], kind: str):
+    """The input embedding as its GGUF blocks; the output layer quantized piece by piece."""
+    from specdec.backends.quant.embedding import BlockEmbedding
+    from specdec.backends.quant.int4 import RowInt4Linear, fits
+    from specdec.backends.quant.int8 import RowInt8Linear
+
+    head = model.get_output_embeddings()
+    bias = None
+    if getattr(head, "bias", None) is not None:
+        bias = tensors.read(f"{ends['output'].rpartition('.')[0]}.bias")
+    pieces = _pieces(tensors, ends["output"])
+    if kind == "int4" and fits(head):
+        output: nn.Module = RowInt4Linear.from_row_pieces(pieces, bias)
+    else:
+        output = RowInt8Linear.from_row_pieces(pieces, bias)
+    model.set_output_embeddings(output)
+    _, data, ggml_type = tensors.tensors[ends["embedding"]]
+    blocks = torch.from_numpy(np.array(data))  # a copy: the file's pages are let go
+    _drop_pages(tensors.file, data)
+    model.set_input_embeddings(BlockEmbedding(blocks, ggml_type, model.config.hidden_size))
+
+
+def _groups(
+    model: nn.Module, tensors: GGUFTensors, skip: set[str]
+) -> list[tuple[str | None, list[str]]]:
+    """The parameters to read, by decoder layer in order, then the rest (prefix None) but
+    ``skip``."""
     layers: dict[str, list[str]] = {}
     rest: list[str] = []
     for name, _ in _parameters(model):
-        if name not in tensors.tensors:
-            continue  # a tied output layer: it shares the input embedding
+        if name not in tensors.tensors or name in skip:
+            continue  # a tied output layer shares the input embedding
         match = _LAYER.match(name)
         (layers.setdefault(match.group(1), []) if match else rest).append(name)
     return [*layers.items(), (None, rest)]
@@ -182,10 +219,3 @@ def _assign(model: nn.Module, floats: dict[str, torch.Tensor]) -> None:
                 f"GGUF tensor for {name} has shape {tuple(tensor.shape)}, not {expected}"
             )
         setattr(module, attribute, nn.Parameter(tensor, requires_grad=False))
-
-
-def _tie_output_layer(model: PreTrainedModel, config) -> None:
-    """A tied output layer reads the input embedding's weights (the skeleton's tie pointed at
-    the meta tensor that was replaced)."""
-    if config.tie_word_embeddings:
-        model.get_output_embeddings().weight = model.get_input_embeddings().weight

@@ -2,7 +2,7 @@
 
 Why: on these memory-bound 2-core machines bytes per weight decide a step, and the int8
 runtime reads 1.54 GB a step of the 1.5B against llama.cpp's Q4_K_M ~0.9 GB. The 4-bit
-kernels at hand cannot verify cheaply (docs/runtime-search.md): PyTorch's int4 kernel and
+kernels at hand cannot verify cheaply (docs/notes/runtime-search.md): PyTorch's int4 kernel and
 llama.cpp take rows in groups of 4, so a 5-token pass costs 2.4-3.8 steps. specdec's own
 kernel (``kernels/int4_linear.cpp``, compiled on first use) unpacks each block of weights
 once and applies it to all rows of the pass while it sits in registers.
@@ -105,6 +105,13 @@ class RowInt4Linear(nn.Module):
         super().__init__()
         bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
         self._set(quantize_and_pack(linear.weight.detach()), bias)
+
+    @classmethod
+    def from_row_pieces(cls, pieces, bias: torch.Tensor | None) -> RowInt4Linear:
+        """From the float weight given as consecutive pieces of output rows (each
+        [rows, in], rows a multiple of 16 but the last): ``RowInt4Linear`` of the whole
+        weight, byte for byte (``quantize_and_pack``), without the whole in memory."""
+        return cls.from_packed(torch.cat([quantize_and_pack(p) for p in pieces]), bias)
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, bias: torch.Tensor | None) -> RowInt4Linear:

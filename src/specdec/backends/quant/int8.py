@@ -53,12 +53,18 @@ ROWS_PER_PIECE = 16_384
 class RowInt8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        weight = linear.weight.detach().float()
-        out_features, in_features = weight.shape
-        padded = torch.cat([weight, torch.zeros(out_features, 2)], dim=1)  # for the +1/-1 columns
-        int8, scales = quantize_rows(padded)
+        int8, scales = _padded_rows(linear.weight.detach().float())
         bias = None if linear.bias is None else linear.bias.detach().float()
         self._set(int8, scales, bias)
+
+    @classmethod
+    def from_row_pieces(cls, pieces, bias: torch.Tensor | None) -> RowInt8Linear:
+        """From the float weight given as consecutive pieces of output rows (each
+        [rows, in]): every row is quantized on its own, so this is ``RowInt8Linear`` of the
+        whole weight, without the whole in memory at once."""
+        parts = [_padded_rows(piece.float()) for piece in pieces]
+        int8, scales = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        return cls.from_int8(int8, scales, bias)
 
     @classmethod
     def from_int8(
@@ -108,6 +114,12 @@ class RowInt8Linear(nn.Module):
 _LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic
 
 _PINS = torch.tensor([[1.0, -1.0]])
+
+
+def _padded_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` of ``weight`` with the two pin columns (zero weights) appended."""
+    padded = torch.cat([weight, torch.zeros(weight.shape[0], 2)], dim=1)  # the +1/-1 columns
+    return quantize_rows(padded)
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,6 +30,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
+from specdec.backends.quant.embedding import BlockEmbedding
 from specdec.backends.quant.int4 import RowInt4Linear
 from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.integrity import (
@@ -101,6 +102,10 @@ def save(model: nn.Module, source: Path, directory: Path, kind: str = "int8") ->
             tensors[f"{name}.int8"], tensors[f"{name}.scales"] = layer.int8_state()
         if layer.bias is not None:
             tensors[f"{name}.bias"] = layer.bias
+    for name, module in model.named_modules():
+        if isinstance(module, BlockEmbedding):  # kept in the GGUF's blocks
+            tensors[f"gguf:{name}"] = module.blocks
+            tensors[f"gguf_type:{name}"] = torch.tensor([module.ggml_type])
     for name, tensor in model.state_dict().items():
         if name.rpartition(".")[0] not in linears:
             # Saved under the plain model's names: the token-by-token wrappers are rebuilt.
@@ -143,6 +148,14 @@ def load(directory: Path, progress=None) -> PreTrainedModel:
             setattr(model.get_submodule(parent) if parent else model, child, layer)
             if progress is not None:
                 progress("loading the quantized runtime", done, len(linears))
+    for name in reader.names:
+        if name.startswith("gguf:"):
+            module = name.removeprefix("gguf:")
+            blocks = reader.read(name, mapped=reader.size(name) > MAP_ABOVE)
+            ggml_type = int(reader.read(f"gguf_type:{module}")[0])
+            parent, _, child = module.rpartition(".")
+            embedding = BlockEmbedding(blocks, ggml_type, config.hidden_size)
+            setattr(model.get_submodule(parent) if parent else model, child, embedding)
     floats = {
         name.removeprefix("float:"): reader.read(name, mapped=reader.size(name) > MAP_ABOVE)
         for name in reader.names
@@ -160,12 +173,13 @@ def load(directory: Path, progress=None) -> PreTrainedModel:
 
 _DTYPES = {
     "I8": torch.int8,
+    "I64": torch.int64,
     "U8": torch.uint8,
     "F64": torch.float64,
     "F32": torch.float32,
     "BF16": torch.bfloat16,
 }
-_NUMPY = {"I8": np.int8, "U8": np.uint8, "F64": np.float64, "F32": np.float32}
+_NUMPY = {"I64": np.int64, "I8": np.int8, "U8": np.uint8, "F64": np.float64, "F32": np.float32}
 MAP_ABOVE = 64 * 1024 * 1024  # float tensors larger than this are mapped, not copied
 
 
@@ -271,6 +285,11 @@ def _map_large_floats(model: nn.Module, directory: Path) -> None:
     ``load`` maps them: the same values, and only the rows read are resident (the 1.5B's
     embedding table is 0.93 GB of float32)."""
     reader = _Reader(directory / WEIGHTS)
+    for name, module in model.named_modules():
+        if isinstance(module, BlockEmbedding) and reader.size(f"gguf:{name}") > MAP_ABOVE:
+            mapped = reader.read(f"gguf:{name}", mapped=True)
+            assert torch.equal(mapped, module.blocks), "the file holds what was just written"
+            module.blocks = mapped
     for name, parameter in list(model.named_parameters()):
         stored = f"float:{name.replace('.inner.', '.')}"
         if stored in reader.names and reader.size(stored) > MAP_ABOVE:

@@ -1,0 +1,39 @@
+"""A token embedding kept in GGUF blocks looks up the rows of the dequantized table."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from specdec.backends.quant.embedding import BlockEmbedding
+from specdec.backends.quant.int4 import RowInt4Linear
+from specdec.backends.quant.int8 import RowInt8Linear
+
+gguf = pytest.importorskip("gguf")
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "F32"])
+def test_rows_looked_up_are_the_tables_rows_bit_for_bit(kind):
+    table = np.random.default_rng(0).standard_normal((40, 64)).astype(np.float32)
+    ggml_type = gguf.GGMLQuantizationType[kind]
+    blocks = gguf.quants.quantize(table, ggml_type)
+    whole = torch.from_numpy(gguf.dequantize(blocks, ggml_type))
+    embedding = BlockEmbedding(torch.from_numpy(blocks.view(np.uint8)), ggml_type, 64)
+    ids = torch.tensor([[3, 39, 0, 3], [7, 7, 21, 1]])
+    assert torch.equal(embedding(ids), whole[ids])
+    assert torch.equal(embedding.weight, whole)
+    assert torch.equal(embedding(ids), nn.Embedding.from_pretrained(whole)(ids))
+
+
+@pytest.mark.parametrize("quantized", [RowInt4Linear, RowInt8Linear])
+def test_an_output_layer_quantized_from_pieces_is_the_whole(quantized):
+    linear = nn.Linear(64, 16 * 7, bias=False)
+    pieces = linear.weight.detach().split(32)  # 32, 32, 32, 16 rows
+    whole, built = quantized(linear), quantized.from_row_pieces(pieces, None)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(built(x), whole(x))
+    if quantized is RowInt8Linear:
+        pairs = zip(built.int8_state(), whole.int8_state(), strict=True)
+        assert all(torch.equal(a, b) for a, b in pairs)
+    else:
+        assert torch.equal(built.packed, whole.packed)
