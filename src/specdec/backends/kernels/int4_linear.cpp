@@ -28,7 +28,12 @@
 // byte 4c+i of the quad; bytes p (0..63) of chunk q (0..3) hold quad q in the low nibble
 // and quad q+4 in the high nibble. A weight is w = d * code + m, code in 0..15.
 
-#include <torch/extension.h>
+// ATen's tensor and the two factories only: torch/extension.h (pybind, the whole C++ API)
+// took 31 s to parse per file on a 2-core EPYC, and only layer_stack.cpp, which binds the
+// module, needs it (the kernel builds on a user's first run).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 #include <cpuid.h>
 #include <immintrin.h>
@@ -539,10 +544,10 @@ TileFn tile_fn(int64_t path) {
 }  // namespace
 
 // x  # [rows, K] float32; packed  # [N / 16, K / 32, 320] uint8; bias  # [N] float32 or None
-torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+at::Tensor int4_linear(at::Tensor x, at::Tensor packed, c10::optional<at::Tensor> bias,
                           int64_t path) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x: [rows, K] float32");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kUInt8 &&
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x: [rows, K] float32");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte &&
                   packed.size(2) == kBlock && packed.is_contiguous(),
               "packed: [N / 16, K / 32, 320] uint8, contiguous");
   const int64_t rows = x.size(0), k = x.size(1);
@@ -550,15 +555,15 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, c10::optional<t
   TORCH_CHECK(k == groups * kGroup, "x has ", k, " inputs, the weight ", groups * kGroup);
   const int64_t n_total = tiles * kTile;
   const float* bias_data = nullptr;
-  torch::Tensor bias_tensor;
+  at::Tensor bias_tensor;
   if (bias.has_value() && bias->defined()) {
     bias_tensor = bias->contiguous();
-    TORCH_CHECK(bias_tensor.scalar_type() == torch::kFloat32 && bias_tensor.numel() == n_total,
+    TORCH_CHECK(bias_tensor.scalar_type() == at::kFloat && bias_tensor.numel() == n_total,
                 "bias: [N] float32");
     bias_data = bias_tensor.data_ptr<float>();
   }
   const TileFn tile = tile_fn(path);
-  const torch::Tensor input = x.contiguous();
+  const at::Tensor input = x.contiguous();
   std::vector<int8_t> codes(rows * k);
   std::vector<float> da(rows * groups), das(rows * groups);
   const float* in = input.data_ptr<float>();
@@ -569,7 +574,7 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, c10::optional<t
     }
   });
   const Activations a{codes.data(), da.data(), das.data(), k, groups};
-  torch::Tensor out = torch::empty({rows, n_total}, x.options());
+  at::Tensor out = at::empty({rows, n_total}, x.options());
   float* out_data = out.data_ptr<float>();
   const uint8_t* weights = packed.data_ptr<uint8_t>();
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
@@ -581,22 +586,3 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, c10::optional<t
 }
 
 int64_t int4_best_path() { return best_path(); }
-
-// row_ops.cpp
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
-torch::Tensor silu_mul(torch::Tensor gate_up);
-void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
-torch::Tensor causal_attention(torch::Tensor query, torch::Tensor keys, torch::Tensor values,
-                               double scaling);
-// layer_stack.cpp
-void register_layer_stack(pybind11::module& m);
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int4_linear", &int4_linear, "x @ W^T + b with W packed by specdec.backends.quant.int4");
-  m.def("best_path", &int4_best_path, "0 scalar, 1 AVX2, 2 AVX-512 VNNI, 3 AMX-INT8");
-  m.def("rms_norm", &rms_norm, "RMS norm of each row");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of each row of [gate, up]");
-  m.def("rope_", &rope_, "rotary embedding of each row's heads, in place");
-  m.def("causal_attention", &causal_attention, "causal attention of each query row");
-  register_layer_stack(m);
-}

@@ -16,7 +16,9 @@
 // same inputs, and the sums as the same ATen additions. So the hidden states are the Python
 // loop's bit for bit (tests/test_layer_stack.py), and a block still equals its steps.
 
-#include <torch/extension.h>
+// pybind and tensor conversions only (torch/extension.h, the whole C++ API, parses 12 s longer)
+#include <torch/python.h>
+#include <ATen/ops/cat.h>
 
 #include <vector>
 
@@ -27,6 +29,7 @@ torch::Tensor silu_mul(torch::Tensor gate_up);
 void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor causal_attention(torch::Tensor query, torch::Tensor keys, torch::Tensor values,
                                double scaling);
+int64_t int4_best_path();
 
 namespace {
 
@@ -128,7 +131,7 @@ class LayerStack {
                                         v_buffer.narrow(1, 0, end), scaling_));
       }
       const torch::Tensor attended =
-          (outs.size() == 1 ? outs[0] : torch::cat(outs, 0)).reshape({rows, q_size}).contiguous();
+          (outs.size() == 1 ? outs[0] : at::cat(outs, 0)).reshape({rows, q_size}).contiguous();
       x = residual + layer.o(attended);
       residual = x;
       const torch::Tensor gate_up = layer.gate_up(rms_norm(x, layer.post_norm, layer.post_eps));
@@ -147,7 +150,13 @@ class LayerStack {
 
 }  // namespace
 
-void register_layer_stack(pybind11::module& m) {
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int4_linear", &int4_linear, "x @ W^T + b with W packed by specdec.backends.quant.int4");
+  m.def("best_path", &int4_best_path, "0 scalar, 1 AVX2, 2 AVX-512 VNNI, 3 AMX-INT8");
+  m.def("rms_norm", &rms_norm, "RMS norm of each row");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of each row of [gate, up]");
+  m.def("rope_", &rope_, "rotary embedding of each row's heads, in place");
+  m.def("causal_attention", &causal_attention, "causal attention of each query row");
   pybind11::class_<LayerStack>(m, "LayerStack")
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<double>, std::vector<int64_t>,
                           int64_t, int64_t, int64_t, double>())

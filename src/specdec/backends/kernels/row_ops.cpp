@@ -15,7 +15,12 @@
 // function clones below, for AVX-512, AVX2 and plain x86-64) but never reorders or fuses an
 // operation: the clones give the same bits, and so does a row in a block or alone.
 
-#include <torch/extension.h>
+// ATen's tensor and the two factories only: torch/extension.h (pybind, the whole C++ API)
+// took 31 s to parse per file on a 2-core EPYC, and only layer_stack.cpp, which binds the
+// module, needs it (the kernel builds on a user's first run).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -187,20 +192,20 @@ SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
   }
 }
 
-void check_rows(const torch::Tensor& x, const char* name) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), name,
+void check_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), name,
               ": [rows, n] float32, contiguous");
 }
 
 }  // namespace
 
 // x  # [rows, n]; weight  # [n]  ->  weight * (x / sqrt(mean(x^2) + eps)), row by row
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   check_rows(x, "x");
   const int64_t rows = x.size(0), n = x.size(1);
-  const torch::Tensor w = weight.contiguous();
-  TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.numel() == n, "weight: [n] float32");
-  torch::Tensor out = torch::empty_like(x);
+  const at::Tensor w = weight.contiguous();
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.numel() == n, "weight: [n] float32");
+  at::Tensor out = at::empty_like(x);
   const float *in = x.data_ptr<float>(), *wd = w.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
@@ -212,11 +217,11 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 }
 
 // gate_up  # [rows, 2n] (gate, then up)  ->  silu(gate) * up  # [rows, n]
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up) {
   check_rows(gate_up, "gate_up");
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
   TORCH_CHECK(gate_up.size(1) == 2 * n, "gate_up: an even width");
-  torch::Tensor out = torch::empty({rows, n}, gate_up.options());
+  at::Tensor out = at::empty({rows, n}, gate_up.options());
   const float* in = gate_up.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
@@ -226,8 +231,8 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 }
 
 // x  # [rows, heads, d] rotated in place by cos, sin  # [rows, d]
-void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
-  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+void rope_(at::Tensor x, at::Tensor cos, at::Tensor sin) {
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x: [rows, heads, d] float32, contiguous");
   const int64_t rows = x.size(0), heads = x.size(1), d = x.size(2);
   TORCH_CHECK(d % 2 == 0 && d <= 512, "head size: even, at most 512");
@@ -245,18 +250,18 @@ void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
 // query  # [rows, heads, d]; keys, values  # [kv_heads, positions, d], the last `rows`
 // positions being the rows' own. Row i attends to positions 0 .. positions - rows + i.
 // ->  [rows, heads, d]
-torch::Tensor causal_attention(torch::Tensor query, torch::Tensor keys, torch::Tensor values,
+at::Tensor causal_attention(at::Tensor query, at::Tensor keys, at::Tensor values,
                                double scaling) {
-  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == torch::kFloat32, "query: [rows, heads, d]");
-  TORCH_CHECK(keys.dim() == 3 && keys.scalar_type() == torch::kFloat32 &&
-                  values.sizes() == keys.sizes() && values.scalar_type() == torch::kFloat32,
+  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat, "query: [rows, heads, d]");
+  TORCH_CHECK(keys.dim() == 3 && keys.scalar_type() == at::kFloat &&
+                  values.sizes() == keys.sizes() && values.scalar_type() == at::kFloat,
               "keys, values: [kv_heads, positions, d] float32");
   // Keys and values may be views of a larger buffer (backends/kv_buffer.py): any stride
   // between heads, rows of d contiguous floats.
-  const auto rows_contiguous = [](const torch::Tensor& t) {
+  const auto rows_contiguous = [](const at::Tensor& t) {
     return t.stride(2) == 1 && t.stride(1) == t.size(2) ? t : t.contiguous();
   };
-  const torch::Tensor q = query.contiguous(), k = rows_contiguous(keys),
+  const at::Tensor q = query.contiguous(), k = rows_contiguous(keys),
                       v = rows_contiguous(values);
   const int64_t rows = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t kv_heads = k.size(0), positions = k.size(1);
@@ -264,7 +269,7 @@ torch::Tensor causal_attention(torch::Tensor query, torch::Tensor keys, torch::T
   TORCH_CHECK(k.size(2) == d && heads % kv_heads == 0, "head sizes do not match");
   TORCH_CHECK(positions >= rows, "the cache must hold the rows' own positions");
   const int64_t group = heads / kv_heads;
-  torch::Tensor out = torch::empty({rows, heads, d}, q.options());
+  at::Tensor out = at::empty({rows, heads, d}, q.options());
   const float *qd = q.data_ptr<float>(), *kd = k.data_ptr<float>(), *vd = v.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
