@@ -411,3 +411,20 @@ def test_an_output_layer_quantized_in_pieces_is_the_whole_byte_for_byte(monkeypa
     whole = int4.pack(*int4.quantize_groups(weight))
     monkeypatch.setattr(int4, "ROWS_AT_ONCE", 16 * 4)  # 13 tiles: pieces of 4, 4, 4, 1
     assert torch.equal(int4.quantize_and_pack(weight), whole)
+
+
+def test_the_quantizer_gives_the_plain_formulas_codes_scales_and_minimums():
+    """quantize_groups works in place for speed; the plain formula is the reference (a
+    constant group, scale 0, gets code 0)."""
+    weight = torch.randn(64, 96, generator=torch.Generator().manual_seed(2)) * 0.05
+    weight[3] = 0.7
+    weight[5, :64] = 0.0
+    grouped = weight.reshape(64, 3, 32)
+    minimum = grouped.amin(-1).half()
+    scale = ((grouped.amax(-1) - minimum.float()) / 15).half()
+    safe = scale.float().clamp(min=torch.finfo(torch.float16).tiny).unsqueeze(-1)
+    codes = ((grouped - minimum.float().unsqueeze(-1)) / safe).round().clamp(0, 15)
+    codes = torch.where(scale.unsqueeze(-1) == 0, torch.zeros_like(codes), codes)
+    got = int4.quantize_groups(weight)
+    assert torch.equal(got[0], codes.to(torch.uint8).reshape(64, 96))
+    assert torch.equal(got[1], scale) and torch.equal(got[2], minimum)

@@ -168,8 +168,10 @@ def _parts(module: nn.Module, names: tuple[str, ...], others: set[str]) -> list[
 def _concatenated(parts: list[nn.Linear]) -> nn.Linear:
     """One linear layer whose output is the parts' outputs side by side."""
     weight = torch.cat([part.weight.detach() for part in parts])
+    # made on the meta device: its own weights are replaced at once (initializing them at
+    # random cost 5.8 s for the 1.5B's 56 fused products)
     fused = nn.Linear(
-        weight.shape[1], weight.shape[0], bias=parts[0].bias is not None, device=weight.device
+        weight.shape[1], weight.shape[0], bias=parts[0].bias is not None, device="meta"
     )
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if parts[0].bias is not None:
