@@ -360,6 +360,7 @@ def test_draft_runtime_auto_uses_llamacpp_only_when_its_self_test_passes(
     from specdec import models
     from specdec.backends import probe, runtime_choice
     from specdec.backends.quant import kernels
+    from specdec import runtime as choosing
     from specdec.runtime import Runtime
     from specdec.runtime import choose_draft_runtime as choose_draft
 
@@ -370,6 +371,8 @@ def test_draft_runtime_auto_uses_llamacpp_only_when_its_self_test_passes(
     monkeypatch.setattr(probe, "llamacpp_works", lambda gguf, cache_file: verdict)
     measured = {"int8": 21.0, "int4": 15.0, "llamacpp:q4_0": 11.0}  # ms a step, as if timed
     monkeypatch.setattr(Runtime, "load", lambda self, spec, cache_dir, progress: self.name)
+    # int8 and int4 are timed on stand-ins of the model (quant.stand_in)
+    monkeypatch.setattr(choosing, "stand_in_backend", lambda spec, runtime, *rest: runtime)
     monkeypatch.setattr(runtime_choice, "step_ms", lambda loaded: measured[loaded])
     chosen = choose_draft("auto", "qwen2.5-coder-0.5b-instruct", str(tmp_path))
     assert chosen == ("llamacpp:q4_0" if probe_ok else "int4")
@@ -464,6 +467,7 @@ def test_the_draft_keeps_the_targets_runtime_when_nearly_as_fast(
     from specdec import models
     from specdec.backends import probe, runtime_choice
     from specdec.backends.quant import kernels
+    from specdec import runtime as choosing
     from specdec.runtime import Runtime
     from specdec.runtime import choose_draft_runtime as choose_draft
 
@@ -473,6 +477,8 @@ def test_the_draft_keeps_the_targets_runtime_when_nearly_as_fast(
     monkeypatch.setattr(probe, "llamacpp_works", lambda gguf, f: probe.ProbeResult(True, "ok"))
     measured = {"int8": 20.7, "int4": int4_ms, "llamacpp:q4_0": 12.0}
     monkeypatch.setattr(Runtime, "load", lambda self, spec, cache_dir, progress: self.name)
+    # int8 and int4 are timed on stand-ins of the model (quant.stand_in)
+    monkeypatch.setattr(choosing, "stand_in_backend", lambda spec, runtime, *rest: runtime)
     monkeypatch.setattr(runtime_choice, "step_ms", lambda loaded: measured[loaded])
     draft = "qwen2.5-coder-0.5b-instruct"
     chosen = choose_draft("auto", draft, str(tmp_path), target_runtime="int4")

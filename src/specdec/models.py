@@ -170,14 +170,25 @@ class ModelStatus:
 
 
 def status(entry: CatalogEntry, root: Path) -> ModelStatus:
-    hf_dir = root / "hf" / entry.name
-    converted = _marker_ok(hf_dir, entry)
+    """Installed? Built (a runtime form, or the float32 conversion)? Bytes of its cache
+    entries: the GGUF and its other types, the small files, the forms, the float32 copy."""
+    forms = [root / kind / f"{entry.name}-gguf" for kind in ("int4", "int8")]
+    built = _marker_ok(root / "hf" / entry.name, entry) or any(
+        (form / "specdec-int8.json").is_file() for form in forms
+    )
     gguf = root / "gguf" / entry.gguf_name
-    cache_bytes = sum(f.stat().st_size for f in hf_dir.glob("*") if f.is_file()) if converted else 0
     gguf_cached = gguf.is_file() and gguf.stat().st_size == entry.size
-    cache_bytes += gguf.stat().st_size if gguf_cached else 0
+    places = [*root.glob(f"gguf/{entry.name}*.gguf"), root / "files" / entry.name]
+    places += [root / "hf" / entry.name, *forms]
+    cache_bytes = sum(_bytes(place) for place in places)
     installed = all(part.installed() for part in entry.parts)
-    return ModelStatus(entry, installed, gguf_cached, converted, cache_bytes)
+    return ModelStatus(entry, installed, gguf_cached, built, cache_bytes)
+
+
+def _bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.glob("*") if f.is_file()) if path.is_dir() else 0
 
 
 # ---- assembling the GGUF ------------------------------------------------------------

@@ -126,7 +126,7 @@ def _int4_builds() -> bool:
     from specdec.backends.quant import kernels
 
     if not kernels.kernel_ready():
-        sys.stderr.write("specdec: compiling specdec's int4 kernel (once, about 20 s)\n")
+        sys.stderr.write("specdec: compiling specdec's int4 kernel (once, about half a minute)\n")
     try:
         kernels.kernel()
     except kernels.KernelUnavailable as error:

@@ -88,11 +88,14 @@ def test_an_unreadable_runtime_choice_cache_is_measured_again(tmp_path):
 def test_the_target_is_chosen_by_its_verify_pass_and_cached(tmp_path, monkeypatch, capsys):
     from specdec.backends import runtime_choice
     from specdec.backends.quant import kernels
+    from specdec import runtime as choosing
     from specdec.runtime import Runtime
     from specdec.runtime import choose_target_runtime as choose_target
 
     monkeypatch.setattr(kernels, "kernel", lambda: None)  # "it builds"
     monkeypatch.setattr(Runtime, "load", lambda self, spec, cache_dir, progress: self.name)
+    # int8 and int4 are timed on stand-ins of the model (quant.stand_in)
+    monkeypatch.setattr(choosing, "stand_in_backend", lambda spec, runtime, *rest: runtime)
     timed = []
 
     def pass_ms(loaded, tokens=1):
@@ -163,3 +166,15 @@ def test_the_kernel_lives_apart_from_the_model_cache(monkeypatch, tmp_path):
     assert kernels.kernel_dir() == Path.home() / ".cache" / "specdec" / "kernels"
     monkeypatch.setenv("SPECDEC_KERNELS", str(tmp_path / "k"))
     assert kernels.kernel_dir() == tmp_path / "k"
+
+
+def test_auto_times_stand_ins_and_makes_no_runtime_form(model_dir, tmp_path, capsys):
+    """The loser's form is never made (for the default pair it was 3.3 GB of int8), nor the
+    winner's until it is loaded."""
+    from specdec.runtime import choose_target_runtime
+
+    cache = tmp_path / "cache"
+    chosen = choose_target_runtime("auto", str(model_dir), str(cache))
+    assert chosen in ("int8", "int4")
+    assert "target runtime auto" in capsys.readouterr().err
+    assert not (cache / "int8").exists() and not (cache / "int4").exists()

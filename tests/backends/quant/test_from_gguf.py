@@ -176,3 +176,16 @@ def test_the_config_read_fast_is_the_one_transformers_parses(architecture, tmp_p
     slow = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name).to_dict()
     fast.pop("_name_or_path"), slow.pop("_name_or_path")
     assert fast == slow
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_a_stand_in_has_the_models_shapes_and_decodes_finite_logits(kind):
+    """What ``auto`` times: the model's architecture on the runtime, made-up weights."""
+    from specdec.backends.quant.stand_in import stand_in
+    from specdec.runtime import model_runtime
+
+    config = _tiny("qwen2").config
+    model = stand_in(config, kind)
+    assert model_runtime(model) == kind
+    logits = HFModel(model).forward(IDS)
+    assert logits.shape == (len(IDS), config.vocab_size) and torch.isfinite(logits).all()

@@ -56,7 +56,7 @@ def kernel_dir() -> Path:
 
 
 def kernel():
-    """The compiled kernel module, built on first use (about 20 s) into ``kernel_dir()``,
+    """The compiled kernel module, built on first use (about half a minute on 2 cores) into ``kernel_dir()``,
     keyed by the source, torch and Python versions. A build that failed is not tried again
     in the same process (every int8 model load asks, ``kernel_or_none``)."""
     global _kernel, _failed
@@ -81,7 +81,7 @@ def kernel_or_none():
     fresh = _failed is None
     if fresh and not kernel_ready():
         sys.stderr.write(
-            "specdec: compiling specdec's int4 kernel (once, about 20 s; the int8 runtime "
+            "specdec: compiling specdec's int4 kernel (once, about half a minute; the int8 runtime "
             "runs its row operations too)\n"
         )
     try:
