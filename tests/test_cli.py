@@ -358,9 +358,9 @@ def test_draft_runtime_auto_uses_llamacpp_only_when_its_self_test_passes(
     import importlib.util
 
     from specdec import models
+    from specdec import runtime as choosing
     from specdec.backends import probe, runtime_choice
     from specdec.backends.quant import kernels
-    from specdec import runtime as choosing
     from specdec.runtime import Runtime
     from specdec.runtime import choose_draft_runtime as choose_draft
 
@@ -465,9 +465,9 @@ def test_the_draft_keeps_the_targets_runtime_when_nearly_as_fast(
     import importlib.util
 
     from specdec import models
+    from specdec import runtime as choosing
     from specdec.backends import probe, runtime_choice
     from specdec.backends.quant import kernels
-    from specdec import runtime as choosing
     from specdec.runtime import Runtime
     from specdec.runtime import choose_draft_runtime as choose_draft
 

@@ -86,9 +86,9 @@ def test_an_unreadable_runtime_choice_cache_is_measured_again(tmp_path):
 
 
 def test_the_target_is_chosen_by_its_verify_pass_and_cached(tmp_path, monkeypatch, capsys):
+    from specdec import runtime as choosing
     from specdec.backends import runtime_choice
     from specdec.backends.quant import kernels
-    from specdec import runtime as choosing
     from specdec.runtime import Runtime
     from specdec.runtime import choose_target_runtime as choose_target
 

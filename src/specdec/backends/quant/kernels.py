@@ -56,9 +56,9 @@ def kernel_dir() -> Path:
 
 
 def kernel():
-    """The compiled kernel module, built on first use (about half a minute on 2 cores) into ``kernel_dir()``,
-    keyed by the source, torch and Python versions. A build that failed is not tried again
-    in the same process (every int8 model load asks, ``kernel_or_none``)."""
+    """The compiled kernel module, built on first use (about half a minute on 2 cores) into
+    ``kernel_dir()``, keyed by the source, torch and Python versions. A build that failed is
+    not tried again in the same process (every int8 model load asks, ``kernel_or_none``)."""
     global _kernel, _failed
     if _kernel is not None:  # every linear layer of every step asks: no lock once loaded
         return _kernel
