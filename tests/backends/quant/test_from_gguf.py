@@ -189,3 +189,28 @@ def test_a_stand_in_has_the_models_shapes_and_decodes_finite_logits(kind):
     assert model_runtime(model) == kind
     logits = HFModel(model).forward(IDS)
     assert logits.shape == (len(IDS), config.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_a_built_form_maps_its_tables_from_the_file_and_decodes_the_same(tmp_path, monkeypatch):
+    """After writing the form, its large tables are mapped from the file (here every one:
+    the threshold set to 0); the model decodes what it decoded before, and a load too."""
+    original = _tiny("qwen2")
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(original, "qwen2", path)
+    files = tmp_path / "files"
+    original.config.save_pretrained(files)
+    expected = HFModel(build_form(path, files, "int4")).forward(IDS)
+    monkeypatch.setattr(store, "MAP_ABOVE", 0)
+    calls, read = [], store._Reader.read
+
+    def reading(self, name, mapped=False):
+        calls.append((name, mapped))
+        return read(self, name, mapped)
+
+    monkeypatch.setattr(store._Reader, "read", reading)
+    built = store.load_or_build(
+        files, tmp_path / "form", None, "int4", build=lambda: build_form(path, files, "int4")
+    )
+    assert ("gguf:model.embed_tokens", True) in calls  # the table now comes from the file
+    assert torch.equal(HFModel(built).forward(IDS), expected)
+    assert torch.equal(HFModel(store.load(tmp_path / "form")).forward(IDS), expected)

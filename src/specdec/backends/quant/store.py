@@ -287,14 +287,11 @@ def _map_large_floats(model: nn.Module, directory: Path) -> None:
     reader = _Reader(directory / WEIGHTS)
     for name, module in model.named_modules():
         if isinstance(module, BlockEmbedding) and reader.size(f"gguf:{name}") > MAP_ABOVE:
-            mapped = reader.read(f"gguf:{name}", mapped=True)
-            assert torch.equal(mapped, module.blocks), "the file holds what was just written"
-            module.blocks = mapped
-    for name, parameter in list(model.named_parameters()):
+            module.blocks = reader.read(f"gguf:{name}", mapped=True)
+    for name, _ in list(model.named_parameters()):
         stored = f"float:{name.replace('.inner.', '.')}"
         if stored in reader.names and reader.size(stored) > MAP_ABOVE:
-            mapped = reader.read(stored, mapped=True)
-            assert torch.equal(mapped, parameter.data), "the file holds what was just written"
+            mapped = reader.read(stored, mapped=True)  # comparing would read every page in
             parent, _, attribute = name.rpartition(".")
             setattr(model.get_submodule(parent), attribute, nn.Parameter(mapped, False))
     _give_back_freed_memory()
