@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +17,6 @@ from specdec.models import (
     ensure_gguf,
     ensure_model_files,
     lookup,
-    tokenizer_digest,
 )
 
 # int8 / int4: float32 weights loaded, then quantized by backends.quant (int8:
@@ -67,6 +65,8 @@ def load_backend(
 def _load_catalog_quantized(entry, dtype: str, root: Path, progress: Progress | None) -> HFModel:
     """A catalog model on int8 or int4, its runtime form made straight from the GGUF when it
     is not cached yet (``backends.quant.from_gguf``: no float32 copy is made)."""
+    from transformers import AutoTokenizer
+
     from specdec.backends.quant import store
     from specdec.backends.quant.from_gguf import build_form
 
@@ -78,16 +78,7 @@ def _load_catalog_quantized(entry, dtype: str, root: Path, progress: Progress | 
 
     directory = root / dtype / f"{entry.name}-gguf"
     model = store.load_or_build(files, directory, progress, dtype, build=build)
-    return HFModel(model, _tokenizer(tokenizer_digest(files), str(files)))
-
-
-@functools.lru_cache(maxsize=4)
-def _tokenizer(digest: str, files: str):
-    """A tokenizer by the digest of its files: the default pair's two models share one (it
-    takes 1 s to load, a third of what a cached start spends on its own)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(files)
+    return HFModel(model, AutoTokenizer.from_pretrained(files))
 
 
 def _no_progress(step: str, done: int, total: int) -> None:

@@ -15,7 +15,6 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import shutil
 import time
@@ -24,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.integrity import (
-    ALGORITHM,
     damaged_files,
     file_lock,
     read_marker,
@@ -362,15 +360,6 @@ def ensure_model_files(entry: CatalogEntry, root: Path, progress: Progress = _no
         building.replace(directory)
         progress(step, 1, 1)
     return directory
-
-
-def tokenizer_digest(directory: Path) -> str:
-    """One digest of the tokenizer's files in ``ensure_model_files``'s directory (from its
-    marker): models of one family share a tokenizer, and it is loaded once for both."""
-    marker = json.loads((directory / FILES_MARKER).read_text())
-    recorded = marker[ALGORITHM]
-    tokenizer = sorted(n for n in recorded if n not in ("config.json", "generation_config.json"))
-    return "|".join(f"{name}:{recorded[name]}" for name in tokenizer)
 
 
 def _small_files_intact(directory: Path, expected: dict, rebuilding: str | None) -> bool:
