@@ -36,7 +36,7 @@ class GGUFTensors:
     """The tensors of a GGUF file under the names of ``model``'s parameters (a skeleton on the
     meta device will do), each read and dequantized to float32 when asked for."""
 
-    def __init__(self, path: Path, model: nn.Module, config: dict):
+    def __init__(self, path: Path, model: PreTrainedModel, config: dict):
         from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
         from specdec.gguf_file import architecture, tensor_data
@@ -73,7 +73,7 @@ class GGUFTensors:
         return torch.from_numpy(weights)
 
 
-def _weights_map(model: nn.Module, arch: str) -> dict[str, str]:
+def _weights_map(model: PreTrainedModel, arch: str) -> dict[str, str]:
     """GGUF tensor name -> parameter name, by gguf-py's name table for ``arch``: what
     transformers' ``get_gguf_hf_weights_map`` gives a dense decoder, which builds the table
     again for every submodule it walks (371 times, 6 s, for the 1.5B)."""
