@@ -1,16 +1,17 @@
 """What specdec reads from a GGUF file: the config and tokenizer transformers makes of its
 metadata, and each tensor's stored bytes.
 
-Read with transformers' fast GGUF reader (``transformers.integrations.gguf``), which walks
-the metadata with ``struct`` and maps the tensor data: 0.05 s for the default pair's files,
-where gguf-py's ``GGUFReader`` (behind ``AutoConfig``/``AutoTokenizer.from_pretrained(...,
-gguf_file=...)`` for these architectures) takes 10-13 s per open, a numpy view for each of
-the vocabulary's 300,000 strings, and a first run opened each file three times.
+Why not gguf-py's ``GGUFReader`` (behind ``AutoConfig``/``AutoTokenizer.from_pretrained(...,
+gguf_file=...)`` for these architectures): it makes a numpy view of each of the vocabulary's
+300,000 strings, 9.5-13 s an open for the default pair's files, and a first run opened each
+file several times. The metadata is read with transformers' own fast reader
+(``read_gguf_metadata``), the tensor table walked here (that reader refuses tensor types it
+cannot load itself, the 0.5B's Q5_0), and the tensors' bytes mapped, nothing read.
 
 The config is parsed as transformers' own GGUF loader parses it (``load_gguf_checkpoint``:
 its key mapping, defaults, tied output layer and vocabulary size), for the dense decoder
 architectures listed in ``FAST``; other architectures go through that loader itself.
-``tests/test_gguf_file.py`` holds the two against each other.
+``tests/backends/quant/test_from_gguf.py`` holds the two against each other.
 """
 
 from __future__ import annotations
@@ -99,9 +100,7 @@ def write_tokenizer(gguf: Path, model_type: str, out_dir: Path):
 def tensor_data(gguf: Path) -> tuple[np.memmap, dict[str, tuple[np.ndarray, int]]]:
     """The file mapped, and every tensor's stored bytes in it (a view, nothing read yet)
     shaped as gguf-py's ``dequantize`` takes them, [..., bytes of a row], with its ggml
-    type. The tensor table is
-    walked here: transformers' reader refuses types it cannot load itself (the 0.5B's Q5_0
-    tensors), gguf-py's reads the whole vocabulary first."""
+    type."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     blob = np.memmap(gguf, mode="r", dtype=np.uint8)
@@ -146,8 +145,8 @@ def _string(header: memoryview, position: int) -> tuple[str, int]:
 def _skip_value(header: memoryview, position: int, kind: int) -> int:
     if kind in _WIDTHS:
         return position + _WIDTHS[kind]
-    if kind == 8:
-        return _string(header, position)[1]
+    if kind == 8:  # a string: its length, then its bytes (not decoded: only skipped)
+        return position + 8 + struct.unpack_from("<Q", header, position)[0]
     if kind != 9:
         raise ValueError(f"a GGUF metadata value of unknown type {kind}")
     element, count = struct.unpack_from("<IQ", header, position)

