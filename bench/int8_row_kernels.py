@@ -9,7 +9,8 @@ the model both ways in one process and reports, interleaved over ``--repeats`` r
 median one-token step after a 64-token prompt and v(n); one pass of ``--sequences``
 sequences a token each (continuous batching in ``serve``, the replies of ``heads data
 --chat``), each sequence 40 tokens in; a 512-token prefill with features kept (a chunk of
-``heads data``); whether a 9-token block equals its steps bit for bit;
+``heads data``; only with the row operations: without them the model has no layer stack and
+takes turns); whether a 9-token block equals its steps bit for bit;
 and each form's negative log-likelihood on 1,000 held-out tokens (the row operations round
 differently from torch's: a different, equally exact, int8 target).
 """
@@ -26,7 +27,7 @@ from unittest import mock
 import torch
 from int4_runtime import held_out_ids, print_costs, print_nll
 
-from specdec.backends.batched import BatchedModel
+from specdec.backends.batched import BatchedModel, supports
 from specdec.backends.quant import convert, kernels
 from specdec.loading import load_backend
 from specdec.machine import cpu_name
@@ -34,7 +35,7 @@ from specdec.machine import cpu_name
 
 def batched_pass_ms(model, ids: list[int], sequences: int, repeats: int) -> list[float]:
     """Times of passes of ``sequences`` sequences a token each, 40 tokens into each."""
-    batched = BatchedModel(model, share_prefixes=False)
+    batched = BatchedModel(model, share_prefixes=False)  # on the layer stack
     seqs = [batched.sequence() for _ in range(sequences)]
     for i, seq in enumerate(seqs):
         batched.forward_many([(seq, ids[i * 5 : i * 5 + 40], True)])
@@ -79,9 +80,11 @@ def main() -> int:
             prefill[name].append(time.perf_counter() - started)
     for name, seconds in prefill.items():
         print(f"{name}: a 512-token chunk of heads data: {statistics.median(seconds):.2f} s")
-    times: dict[str, list[float]] = {name: [] for name in backends}
+    # Without the kernel there is no layer stack: such a model's sequences take turns.
+    stacked = {name: b for name, b in backends.items() if supports(b.model)}
+    times: dict[str, list[float]] = {name: [] for name in stacked}
     for _ in range(max(1, args.repeats // 2)):
-        for name, backend in backends.items():
+        for name, backend in stacked.items():
             times[name] += batched_pass_ms(backend.model, ids, args.sequences, 4)
     for name, seconds in times.items():
         print(

@@ -425,7 +425,9 @@ def test_serve_takes_a_runtime_per_model(model_dirs, tmp_path):
     """serve --target-runtime/--draft-runtime: the runtime values every command takes; by
     default both chosen as generate chooses (auto: int8 or int4, measured), so requests
     batch."""
+    from specdec.backends.batched import BatchedModel
     from specdec.backends.quant.int8 import RowInt8Linear
+    from specdec.backends.transformers_forward import TransformersModel
     from specdec.cli import build_parser
     from specdec.cli.serve import server_config as _server_config
     from specdec.server.setup import build_scheduler
@@ -439,8 +441,11 @@ def test_serve_takes_a_runtime_per_model(model_dirs, tmp_path):
     assert (config.target_runtime, config.draft_runtime) == ("float32", "int8")
     scheduler = build_scheduler(config)
     assert scheduler.batched is None  # a float32 target: requests take turns
-    assert isinstance(scheduler.draft_model.get_output_embeddings(), RowInt8Linear)
-    assert not isinstance(scheduler.target_model.get_output_embeddings(), RowInt8Linear)
+    # the scheduler holds models: the int8 draft's on the layer stack, the float32
+    # target's on transformers' forward
+    assert isinstance(scheduler.draft_model, BatchedModel)
+    assert isinstance(scheduler.draft_model.model.get_output_embeddings(), RowInt8Linear)
+    assert isinstance(scheduler.target_model, TransformersModel)
     assert exit_code(["serve", "--target-runtime", "tpu:fp8"]) == 2
     # --drafter auto without heads: the draft model, without generate's lookup in front
     args = build_parser().parse_args(

@@ -28,10 +28,10 @@ def quantized_model(request, int8_model):
     return make_int4_batch_invariant(tiny_llama(seed=0))
 
 
-def test_only_the_fused_int8_runtime_is_supported(int8_model):
+def test_only_the_int8_and_int4_runtimes_on_the_layer_stack_are_supported(int8_model):
     assert supports(int8_model)
     assert not supports(tiny_llama(seed=0))
-    with pytest.raises(ValueError, match="int8 runtime"):
+    with pytest.raises(ValueError, match="int8 or int4 runtime"):
         BatchedModel(tiny_llama(seed=0))
 
 
@@ -149,21 +149,27 @@ def test_a_batch_equals_each_sequence_alone_at_real_layer_sizes(real_size_quanti
 
 
 def test_a_failed_pass_leaves_every_sequence_as_it_was(int8_model, monkeypatch):
+    """The last layer's down product fails mid-pass (every layer before it has written its
+    keys and values): both sequences hold what they held, and go on as if it never ran."""
+    down = int8_model.model.layers[-1].mlp.down_proj
+    working, failing = down.forward, []
+
+    def product(x):
+        if failing:
+            raise RuntimeError("out of memory, say")
+        return working(x)
+
+    monkeypatch.setattr(down, "forward", product)  # the stack calls the int8 product back
     batched = BatchedModel(int8_model)
     first, second = batched.sequence(), batched.sequence()
     reference = backend(int8_model)
     first.forward(random_ids(1, 6))
     second.forward(random_ids(2, 4))
     reference.forward(random_ids(1, 6))
-    mlp = batched.layers[-1].mlp
-
-    def broken(x):
-        raise RuntimeError("out of memory, say")
-
-    monkeypatch.setattr(mlp, "forward", broken)
+    failing.append(True)
     with pytest.raises(RuntimeError, match="out of memory"):
         batched.forward_many([(first, random_ids(3, 3), False), (second, random_ids(4, 2), False)])
-    monkeypatch.undo()
+    failing.clear()
     assert len(first.cached_token_ids) == 6 and len(second.cached_token_ids) == 4
     assert all(layer.keys.shape[-2] == 6 for layer in first.layers)
     assert torch.equal(first.forward(random_ids(3, 3)), reference.forward(random_ids(3, 3)))

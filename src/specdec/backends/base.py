@@ -1,4 +1,5 @@
-"""The backend protocol: a model plus its KV cache over ONE growing token sequence.
+"""The backend protocol: a model plus its KV cache over ONE growing token sequence; and the
+model protocol: weights loaded once, making such sequences.
 
 ``forward(token_ids)`` appends tokens to the cache and returns logits for every new
 position (or only the last, with ``last_only``); ``truncate(n)`` keeps the first n cached
@@ -34,6 +35,19 @@ class Backend(Protocol):
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` cached positions (0 <= n <= len(cached_token_ids))."""
         ...
+
+
+@runtime_checkable
+class Model(Protocol):
+    """Weights on a runtime, loaded once. Each ``sequence()`` is a new, empty ``Backend``
+    with a KV cache of its own over them (a request, a draft): ``batched.BatchedModel``
+    (specdec's layer stack; its ``forward_many`` scores many sequences in one pass),
+    ``transformers_forward.TransformersModel``, ``llamacpp.LlamaCppModel``."""
+
+    tokenizer: Any | None
+    max_length: int | None  # positions the model supports, None if unbounded
+
+    def sequence(self) -> Backend: ...
 
 
 def common_prefix_length(cached: Sequence[int], tokens: Sequence[int]) -> int:

@@ -1,18 +1,21 @@
-"""One loaded int8 model, many token sequences: the new tokens of all of them in one pass.
+"""One loaded int8 or int4 model, many token sequences: the new tokens of all of them in one pass.
 
 ``BatchedModel`` is the model, loaded once; ``sequence()`` gives a ``Backend`` over one
-growing token sequence with its own KV cache (what a request decodes); ``forward_many``
-scores the new tokens of many sequences in ONE pass of the weights, each row against its own
-sequence's cache, whatever their lengths and block sizes. On a CPU a step reads every weight
-once whatever the rows: the int8 1.5B scores 9 rows for 1.1-1.9x the cost of one.
+growing token sequence with its own KV cache (a ``KVBuffer`` per layer, what a request
+decodes); ``forward_many`` scores the new tokens of many sequences in ONE pass of the
+weights, each row against its own sequence's cache, whatever their lengths and block sizes.
+On a CPU a step reads every weight once whatever the rows: the int8 1.5B scores 9 rows for
+1.1-1.9x the cost of one. The decoder layers run on the kernel's layer stack
+(``layer_stack.py``), specdec's one layer loop.
 
-Exactness: on the batch-invariant int8 runtime (``backends/quant/``) every row of a pass
-is computed as it would be alone: the linear layers, norms and activation are row-invariant,
-and attention runs one query row at a time over its own sequence's cache. So a sequence
-gets the same logits, bit for bit, in a batch of any company as alone, and as from
-``HFModel`` over the same model (``tests/backends/test_batched.py``). Only the int8 runtime with
-fused Llama-family layers (``quant/fused.py``) is supported; ``supports(model)``
-says whether a model is. If a pass fails, every sequence is cut back to what it held.
+Exactness: on the batch-invariant int8 and int4 runtimes (``backends/quant/``) every row of a
+pass is computed as it would be alone: the linear layers, norms and activation are
+row-invariant, and attention runs one query row at a time over its own sequence's cache. So
+a sequence gets the same logits, bit for bit, in a batch of any company as alone, and as
+transformers' forward over the same model (``tests/backends/test_batched.py``,
+``tests/backends/test_layer_stack.py``). ``supports(model)`` says whether the stack runs a
+model's layers (int8 or int4 Llama-family layers, the kernel built). If a pass fails, every
+sequence is cut back to what it held.
 
 Shared prefixes (``ModelSequence.reuse_prefix``): a new sequence whose tokens begin like
 another's (a chat template's system prompt, a shared instruction) copies that sequence's keys
@@ -33,15 +36,14 @@ import torch
 from specdec.backends.base import eos_token_ids
 from specdec.backends.kv_buffer import KVBuffer
 from specdec.backends.layer_stack import LayerParts, LayerStack
-from specdec.backends.quant.convert import uses_row_kernels
 from specdec.backends.quant.int4 import RowInt4Linear
 from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.backends.trim import TrimmedHead
 
 
 def supports(model: Any) -> bool:
-    """Whether ``model`` is a causal LM on the int8 or int4 runtime whose every decoder layer is a
-    plain Llama-family layer with fused attention and MLP."""
+    """Whether ``model`` is a causal LM on the int8 or int4 runtime whose decoder layers the
+    kernel's layer stack runs (plain Llama-family layers on the row operations)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = getattr(decoder, "layers", None)
     if layers is None:
@@ -52,34 +54,9 @@ def supports(model: Any) -> bool:
         return False
     if not all(hasattr(decoder, name) for name in ("embed_tokens", "rotary_emb", "norm")):
         return False
-    return all(LayerParts.fused(layer) for layer in layers)
-
-
-class LayerCache:
-    """One layer's keys and values of one sequence, grown as transformers' ``DynamicLayer``
-    grows them (a concatenation per pass) so attention reads the same tensors."""
-
-    def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None  # [1, kv_heads, positions, head_dim]
-        self.values: torch.Tensor | None = None
-
-    def update(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.keys is None or self.values is None:
-            self.keys, self.values = keys.contiguous(), values.contiguous()
-        else:
-            self.keys = torch.cat([self.keys, keys], dim=-2)
-            self.values = torch.cat([self.values, values], dim=-2)
-        return self.keys, self.values
-
-    def crop(self, n: int) -> None:
-        if self.keys is not None and self.values is not None:
-            self.keys, self.values = self.keys[..., :n, :], self.values[..., :n, :]
-
-    def copy_prefix(self, donor: LayerCache, n: int) -> None:
-        """Hold the first ``n`` positions of ``donor`` (a copy: the donor goes on changing)."""
-        assert donor.keys is not None and donor.values is not None, "the donor holds n > 0"
-        self.keys = donor.keys[..., :n, :].clone(memory_format=torch.contiguous_format)
-        self.values = donor.values[..., :n, :].clone(memory_format=torch.contiguous_format)
+    if not all(LayerParts.fused(layer) for layer in layers):
+        return False
+    return LayerStack.of([LayerParts.of(layer) for layer in layers]) is not None
 
 
 class ModelSequence:
@@ -87,13 +64,11 @@ class ModelSequence:
     kept features, for heads); ``forward`` is a pass with this sequence alone."""
 
     def __init__(self, model: BatchedModel):
-        self.batched = model
+        self.source = model  # the model this is a sequence of
         self.tokenizer = model.tokenizer
         self.vocab_size, self.eos_token_ids = model.vocab_size, model.eos_token_ids
         self.max_length = model.max_length
-        self.layers: list[LayerCache | KVBuffer] = [
-            KVBuffer() if model.row_kernels else LayerCache() for _ in model.layers
-        ]
+        self.layers = [KVBuffer() for _ in range(model.stack.size)]
         self._ids: list[int] = []
         self._hidden: torch.Tensor | None = None  # [capacity, hidden] once kept
 
@@ -102,13 +77,20 @@ class ModelSequence:
         return self._ids
 
     @property
+    def batched(self) -> BatchedModel:
+        """The model whose ``forward_many`` scores this sequence in one pass with its other
+        sequences (``engine.step_together`` batches the drafts of such sequences): the
+        ``source``. Other backends have no ``batched``; their passes run one at a time."""
+        return self.source
+
+    @property
     def model(self) -> Any:
         """The transformers model (shared by every sequence)."""
-        return self.batched.model
+        return self.source.model
 
     @property
     def hidden_size(self) -> int:
-        return int(self.batched.model.config.hidden_size)
+        return int(self.source.model.config.hidden_size)
 
     def keep_hidden_states(self) -> None:
         """Keep every cached position's final-norm output (see ``HFModel``); the cache
@@ -123,7 +105,7 @@ class ModelSequence:
         return self._hidden[: len(self._ids)][start:end]
 
     def forward(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
-        return self.batched.forward_many([(self, list(token_ids), last_only)])[0]
+        return self.source.forward_many([(self, list(token_ids), last_only)])[0]
 
     def truncate(self, n: int) -> None:
         assert 0 <= n <= len(self._ids), f"cannot keep {n} of {len(self._ids)}"
@@ -139,7 +121,7 @@ class ModelSequence:
         from specdec.backends.base import common_prefix_length
 
         best, donor = common_prefix_length(self._ids, token_ids), None
-        for other in self.batched.donors():
+        for other in self.source.donors():
             if other is self or (self._hidden is not None and other._hidden is None):
                 continue  # a sequence that keeps features needs a donor that kept them too
             length = common_prefix_length(other._ids, token_ids)
@@ -149,11 +131,11 @@ class ModelSequence:
             self.truncate(best)
             return best
         for mine, theirs in zip(self.layers, donor.layers, strict=True):
-            mine.copy_prefix(theirs, best)  # type: ignore[arg-type]  # one model: one kind
+            mine.copy_prefix(theirs, best)
         self._ids[:] = donor._ids[:best]
         if self._hidden is not None and donor._hidden is not None:
             self._hidden = donor._hidden[:best].clone()
-        self.batched.reused_tokens += best
+        self.source.reused_tokens += best
         return best
 
     def _commit(self, token_ids: list[int], features: torch.Tensor) -> None:
@@ -171,7 +153,8 @@ Work = tuple[ModelSequence, list[int], bool]  # a sequence, its new tokens, last
 
 
 class BatchedModel:
-    """A causal LM on the int8 runtime (``supports``), loaded once, decoding many sequences.
+    """A causal LM on the int8 or int4 runtime (``supports``), loaded once, decoding many
+    sequences.
 
     >>> batched = BatchedModel(model, tokenizer)  # doctest: +SKIP
     >>> a, b = batched.sequence(), batched.sequence()  # doctest: +SKIP
@@ -182,18 +165,17 @@ class BatchedModel:
     def __init__(self, model: Any, tokenizer: Any | None = None, share_prefixes: bool = True):
         if not supports(model):
             raise ValueError(
-                f"{type(model).__name__}: batched decoding needs the int8 runtime and "
-                "Llama-family layers (q/k/v/o attention, gated MLP)"
+                f"{type(model).__name__}: batched decoding needs the int8 or int4 runtime "
+                "with its kernel built and Llama-family layers (q/k/v/o attention, SiLU-gated MLP)"
             )
         self.model, self.tokenizer = model.eval(), tokenizer
         decoder = model.get_decoder()
         self.embed_tokens = decoder.get_submodule("embed_tokens")
         self.rotary_emb = decoder.get_submodule("rotary_emb")
         self.norm = decoder.get_submodule("norm")
-        self.layers = [LayerParts.of(layer) for layer in decoder.layers]
-        self.row_kernels = uses_row_kernels(model)  # then caches are KVBuffers, read in place
-        # The int4 runtime's layers run whole in the kernel (backends/layer_stack.py).
-        self.stack = LayerStack.of(self.layers) if self.row_kernels else None
+        stack = LayerStack.of([LayerParts.of(layer) for layer in decoder.layers])
+        assert stack is not None, "supports(model) says the stack runs its layers"
+        self.stack = stack
         self.vocab_size = int(model.get_output_embeddings().out_features)
         self.eos_token_ids = frozenset(eos_token_ids(model, tokenizer))
         self.max_length = getattr(model.config, "max_position_embeddings", None)
@@ -231,26 +213,6 @@ class BatchedModel:
                 seq.truncate(n)
             raise
 
-    def _layer_loop(
-        self,
-        hidden: torch.Tensor,  # [1, rows, hidden]
-        rotary: tuple[torch.Tensor, torch.Tensor],
-        sequences: list[ModelSequence],
-        starts: list[int],  # sequence i has rows starts[i] .. starts[i + 1] - 1
-    ) -> torch.Tensor:
-        """The decoder layers over a pass's rows, one module call at a time."""
-        for index, layer in enumerate(self.layers):
-            segments = [
-                (seq.layers[index], starts[i], starts[i + 1]) for i, seq in enumerate(sequences)
-            ]
-            # A decoder layer's arithmetic, in transformers' order.
-            residual = hidden
-            hidden = layer.input_norm(hidden)
-            hidden = residual + layer.attention.forward_ragged(hidden, rotary, segments)
-            residual = hidden
-            hidden = residual + layer.mlp(layer.post_attention_norm(hidden))
-        return hidden
-
     @torch.inference_mode()
     def _forward(self, work: Sequence[Work]) -> list[torch.Tensor]:
         ids = [t for _, tokens, _ in work for t in tokens]
@@ -264,13 +226,8 @@ class BatchedModel:
             starts.append(starts[-1] + len(tokens))
         hidden = self.embed_tokens(torch.tensor([ids], dtype=torch.long))
         rotary = self.rotary_emb(hidden, torch.tensor([positions], dtype=torch.long))
-        sequences = [seq for seq, _, _ in work]
-        if self.stack is not None:  # the loop's calls, in one kernel call
-            segments = [(seq.layers, starts[i], starts[i + 1]) for i, seq in enumerate(sequences)]
-            hidden = self.stack.forward(hidden[0], rotary, segments).unsqueeze(0)
-        else:
-            hidden = self._layer_loop(hidden, rotary, sequences, starts)
-        hidden = self.norm(hidden)
+        segments = [(seq.layers, starts[i], starts[i + 1]) for i, (seq, _, _) in enumerate(work)]
+        hidden = self.norm(self.stack.forward(hidden[0], rotary, segments).unsqueeze(0))
         rows = [
             row
             for i, (_, _, last_only) in enumerate(work)

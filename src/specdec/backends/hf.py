@@ -1,21 +1,39 @@
-"""Hugging Face transformers runtime: any causal LM instance behind ``Backend``."""
+"""A transformers model as specdec runs it: ``model_of`` gives the model that makes its
+sequences, and ``HFModel`` (the public name) is one sequence of it, a ``Backend``.
+
+Which runtime runs the model is decided here, once: specdec's layer stack
+(``backends/batched.py``: int8 and int4 with the kernel, every sequence's keys and values in
+``KVBuffer``s, passes of many sequences at once) where it runs the model's layers, else
+transformers' own forward (``backends/transformers_forward.py``). On a model both can run they
+give the same logits bit for bit (``tests/backends/test_layer_stack.py``); the stack skips
+transformers' per-pass setup of masks, cache objects and outputs (about 0.5-1 ms a pass of
+the 1.5B and of the 0.5B, measured) and writes its caches in place.
+"""
 
 from __future__ import annotations
 
-import inspect
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
-from specdec.backends.base import eos_token_ids
+from specdec.backends.base import Backend
+from specdec.backends.batched import BatchedModel, supports
+from specdec.backends.transformers_forward import TransformersModel
+
+
+def model_of(model: Any, tokenizer: Any | None = None) -> BatchedModel | TransformersModel:
+    """The model a transformers module ``model`` makes sequences of: on the layer stack where
+    it runs the module's layers, else on transformers' forward."""
+    if supports(model):
+        return BatchedModel(model, tokenizer)
+    return TransformersModel(model, tokenizer)
 
 
 class HFModel:
-    """Wraps a ``transformers`` causal LM with a ``DynamicCache`` (transformers 5.x).
+    """One sequence (a ``Backend``) of a ``transformers`` causal LM, on whichever runtime
+    ``model_of`` gives it. ``source`` is that model; ``source.sequence()`` makes more
+    sequences over the same weights.
 
     >>> model = HFModel(AutoModelForCausalLM.from_pretrained(path), tokenizer)  # doctest: +SKIP
     >>> model.forward([1, 2, 3]).shape   # doctest: +SKIP
@@ -23,152 +41,44 @@ class HFModel:
     """
 
     def __init__(self, model: Any, tokenizer: Any | None = None):
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.vocab_size = int(model.get_output_embeddings().out_features)  # the logits width
-        self.eos_token_ids = frozenset(eos_token_ids(model, tokenizer))
-        self.max_length = getattr(model.config, "max_position_embeddings", None)
-        self._cache: DynamicCache | None = None
-        # transformers' causal LMs can skip the output layer for all but the last position
-        self._can_keep_last = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._cached_ids: list[int] = []
-        self._hidden: _HiddenStates | None = None
-        self._lean = _lean_sequence(model, tokenizer)
+        self.model, self.tokenizer = model, tokenizer
+        self.source = model_of(model, tokenizer)
+        self._sequence = self.source.sequence()
+        self.vocab_size = self._sequence.vocab_size
+        self.eos_token_ids = self._sequence.eos_token_ids
+        self.max_length = self._sequence.max_length
 
     @property
     def cached_token_ids(self) -> Sequence[int]:
-        return self._lean.cached_token_ids if self._lean is not None else self._cached_ids
+        return self._sequence.cached_token_ids
 
     @property
     def device(self) -> torch.device:
         return self.model.device
 
+    @property
+    def hidden_size(self) -> int:
+        return self._sequence.hidden_size
+
     def keep_hidden_states(self) -> None:
         """From now on keep, for every cached position, the last layer's output after the
         final norm (the feature Medusa and EAGLE heads read), cut back by ``truncate`` like
         the cache. The cache restarts empty. Idempotent."""
-        if self._lean is not None:
-            self._lean.keep_hidden_states()
-        elif self._hidden is None:
-            self.truncate(0)
-            self._hidden = _HiddenStates(_final_norm(self.model))
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.model.config.hidden_size)
+        self._sequence.keep_hidden_states()
 
     def hidden_states(self, start: int = 0, end: int | None = None) -> torch.Tensor:
         """The kept features of cached positions ``start:end``  # [n, hidden_size] float32
         (a view: copy it to keep it past the next forward or truncate)."""
-        if self._lean is not None:
-            return self._lean.hidden_states(start, end)
-        if self._hidden is None:
-            raise ValueError("hidden states are not kept: call keep_hidden_states() first")
-        return self._hidden.rows(len(self._cached_ids))[start:end]
+        return self._sequence.hidden_states(start, end)
 
-    @torch.inference_mode()
     def forward(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
-        assert len(token_ids) > 0, "forward needs at least one token"
-        if self._lean is not None:
-            return self._lean.forward(token_ids, last_only)
-        if self._cache is None:
-            self._cache = DynamicCache(config=self.model.config)
-        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        keep = {"logits_to_keep": 1} if last_only and self._can_keep_last else {}
-        try:
-            out = self.model(input_ids=input_ids, cache=self._cache, use_cache=True, **keep)
-        except BaseException:
-            self._restore(len(self._cached_ids))  # layers run before the failure grew
-            raise
-        if self._hidden is not None:
-            self._hidden.commit(len(self._cached_ids))
-        self._cached_ids.extend(int(t) for t in token_ids)
-        logits = out.logits[0, :, : self.vocab_size]
-        return (logits[-1:] if last_only else logits).float()
-
-    def _restore(self, n: int) -> None:
-        """Cut every cache layer longer than ``n`` positions back to ``n``."""
-        assert self._cache is not None, "a forward made the cache"
-        for layer in self._cache.layers:
-            if isinstance(layer, DynamicLayer) and layer.get_seq_length() > n:
-                layer.crop(n - layer.get_seq_length())
-        if self._hidden is not None:
-            _OUTPUTS.pop(self._hidden._norm, None)  # a failed pass's features are not kept
+        return self._sequence.forward(token_ids, last_only)
 
     def truncate(self, n: int) -> None:
-        if self._lean is not None:
-            self._lean.truncate(n)
-            return
-        assert 0 <= n <= len(self._cached_ids), f"cannot keep {n} of {len(self._cached_ids)}"
-        drop = len(self._cached_ids) - n
-        if drop == 0:
-            return
-        if n == 0:
-            self._cache = None  # an empty cache is a new one; cropping to zero is not needed
-        else:
-            assert self._cache is not None, "cached tokens imply a cache"
-            self._cache.crop(-drop)  # transformers 5.x: a negative count removes from the end
-        del self._cached_ids[n:]
+        self._sequence.truncate(n)
 
 
-class _HiddenStates:
-    """A growing [positions, hidden] buffer of the final norm's outputs. The norm module
-    gets ONE hook, however many backends wrap the model (a server wraps it per request);
-    each backend takes the output right after its own forward."""
-
-    def __init__(self, norm: torch.nn.Module):
-        self._buffer = torch.empty(0)
-        self._norm = norm
-        if norm not in _HOOKED:
-            norm.register_forward_hook(_keep_output)
-            _HOOKED.add(norm)
-
-    def commit(self, start: int) -> None:
-        """Store the features of the forward pass just run at positions ``start:``."""
-        last = _OUTPUTS.pop(self._norm, None)
-        assert last is not None, "the final norm did not run"
-        rows = last.reshape(-1, last.shape[-1]).float()
-        end = start + rows.shape[0]
-        if self._buffer.shape[0] < end:
-            grown = torch.empty(max(end, 2 * self._buffer.shape[0], 256), rows.shape[1])
-            if start:
-                grown[:start] = self._buffer[:start]
-            self._buffer = grown
-        self._buffer[start:end] = rows
-
-    def rows(self, n: int) -> torch.Tensor:
-        return self._buffer[:n]
-
-
-_HOOKED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
-_OUTPUTS: weakref.WeakKeyDictionary[torch.nn.Module, torch.Tensor] = weakref.WeakKeyDictionary()
-
-
-def _keep_output(module, inputs, output) -> None:
-    _OUTPUTS[module] = output.detach()
-
-
-def _lean_sequence(model: Any, tokenizer: Any | None) -> Any:
-    """For a model on the int4 runtime's row kernels whose layers the batched runtime takes
-    (``backends/batched.py``), a sequence of its own over it: that runtime's layer loop is the
-    same arithmetic as transformers' forward (the batched tests compare them bit for bit)
-    without its per-pass setup of masks, cache objects and outputs, about 0.5-1 ms a pass
-    of the 1.5B and of the 0.5B (measured). None for any other model."""
-    from specdec.backends.batched import BatchedModel, supports
-    from specdec.backends.quant.convert import uses_row_kernels
-
-    if not (uses_row_kernels(model) and supports(model)):
-        return None
-    return BatchedModel(model, tokenizer, share_prefixes=False).sequence()
-
-
-def _final_norm(model: Any) -> torch.nn.Module:
-    """The module whose output the output layer reads (transformers' decoder ``norm``)."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    norm = getattr(decoder, "norm", None)
-    if not isinstance(norm, torch.nn.Module):
-        raise ValueError(
-            f"{type(model).__name__}: no final norm found to read hidden states from "
-            "(heads need a decoder with a .norm module, as Llama/Qwen/Mistral models have)"
-        )
-    return norm
+def source_of(backend: Backend) -> Any:
+    """The model ``backend`` is a sequence of (its ``sequence()`` makes more): an
+    ``HFModel``'s ``source``; a llama.cpp model is its own (it is model and sequence)."""
+    return backend.source if isinstance(backend, HFModel) else backend

@@ -1,16 +1,19 @@
-"""An int4 model's decoder layers in one kernel call a pass (``kernels/layer_stack.cpp``).
+"""specdec's one layer loop: an int4 or int8 model's decoder layers in one kernel call a pass
+(``kernels/layer_stack.cpp``), each sequence's keys and values in its ``KVBuffer`` per layer.
 
-Why: the Python layer loop of ``batched.BatchedModel`` makes some 30 calls a layer around
-the kernel's products and row operations; measured on the int4 1.5B (AMD EPYC, 2 cores,
-every kernel held to its AVX2 code), 6.8 of a 37.4 ms step went there, and 5.9 of a 20.9 ms
-step of the 0.5B draft (docs/notes/runtime-search.md section 10). ``LayerStack`` runs the same
-kernel calls in the same order from C++: the same bits (``tests/backends/test_layer_stack.py``),
-without the Python.
+Why: a Python layer loop makes some 30 calls a layer around the kernel's products and row
+operations; measured on the int4 1.5B (AMD EPYC, 2 cores, every kernel held to its AVX2
+code), 6.8 of a 37.4 ms step went there, and 5.9 of a 20.9 ms step of the 0.5B draft
+(docs/notes/runtime-search.md section 10). ``LayerStack`` runs the same kernel calls in the
+same order from C++: transformers' forward on the same model, bit for bit
+(``tests/backends/test_layer_stack.py``), without the Python. The int8 runtime's products
+(fbgemm's) are called back in Python from it.
 
-It applies where every layer is a plain Llama-family layer on the int4 runtime with the row
-operations: ``RowRMSNorm`` norms, fused attention and SiLU MLP on the kernel, every product a
-``RowInt4Linear``. Elsewhere (the int8 runtime, a layer the kernel does not fit)
-``LayerStack.of`` gives None and the Python loop runs.
+It applies where every layer is a plain Llama-family layer on specdec's row operations:
+``RowRMSNorm`` norms, fused attention and SiLU MLP on the kernel, every product a
+``RowInt4Linear`` or ``RowInt8Linear``. Elsewhere (no compiler for the kernel, a layer it does
+not fit) ``LayerStack.of`` gives None and such a model runs transformers' own forward
+(``backends/transformers_forward.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import nn
 from specdec.backends.kv_buffer import KVBuffer
 from specdec.backends.quant.fused import FusedAttention, FusedMLP
 from specdec.backends.quant.int4 import RowInt4Linear
+from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.backends.quant.kernels import kernel
 from specdec.backends.quant.rows import RowRMSNorm
 
@@ -109,7 +113,7 @@ class LayerStack:
         """The kernel's object, made again when a product's code path was pinned since (the
         tests and ``--int4-path`` set ``RowInt4Linear.path`` on a loaded model)."""
         products = self._products()
-        paths = tuple(product.path for product in products)
+        paths = tuple(_path(product) for product in products)
         if self._stack is None or paths != self._paths:
             none = torch.empty(0)
             tensors, eps = [], []
@@ -124,8 +128,16 @@ class LayerStack:
                     *_packed(mlp.down_proj, none),
                 ]
                 eps += [layer.input_norm.eps, layer.post_attention_norm.eps]
+            calls = [None if _int4(product) else product.forward for product in products]
             self._stack = kernel().LayerStack(
-                tensors, eps, list(paths), self.heads, self.kv_heads, self.head_dim, self.scaling
+                tensors,
+                eps,
+                list(paths),
+                calls,
+                self.heads,
+                self.kv_heads,
+                self.head_dim,
+                self.scaling,
             )
             self._paths = paths
         return self._stack
@@ -159,7 +171,19 @@ class LayerStack:
         return out
 
 
+def _int4(product: Any) -> bool:
+    return isinstance(product, RowInt4Linear)
+
+
+def _path(product: Any) -> int:
+    """An int4 product's code path; 0 for a product called back in Python (unread)."""
+    return int(product.path) if _int4(product) else 0
+
+
 def _packed(product: Any, none: torch.Tensor) -> list[torch.Tensor]:
+    """An int4 product's tensors for the kernel; two empty ones for an int8 product."""
+    if not _int4(product):
+        return [none, none]
     return [product.packed, none if product.bias is None else product.bias]
 
 
@@ -171,7 +195,7 @@ def _fits(layer: LayerParts) -> bool:
         and attention.row_kernels
         and mlp.row_kernels
         and all(
-            isinstance(product, RowInt4Linear)
+            isinstance(product, RowInt4Linear | RowInt8Linear)
             for product in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
         )
         and len(attention.sizes) == 3
@@ -182,9 +206,9 @@ def _fits(layer: LayerParts) -> bool:
 class StackedDecoder:
     """A transformers decoder (its ``layers``, ``rotary_emb`` and final ``norm``) on the
     stack, over ONE sequence of input embeddings with caches of its own: EAGLE's layer on the
-    int4 runtime (``drafters.heads``), which transformers' forward ran with its per-pass
+    int4 and int8 runtimes (``drafters.heads``), which transformers' forward ran with its per-pass
     setup of masks, cache objects and outputs around one layer. The same kernel calls as
-    that forward on such a model (as ``batched``'s loop, which its tests compare with it)."""
+    that forward on such a model."""
 
     def __init__(self, decoder: nn.Module, stack: LayerStack):
         self.stack, self.rotary_emb = stack, decoder.get_submodule("rotary_emb")

@@ -26,10 +26,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from specdec.backends.base import Backend
-from specdec.backends.batched import BatchedModel, supports
-from specdec.backends.hf import HFModel
-from specdec.backends.llamacpp import LlamaCppModel
+from specdec.backends.base import Backend, Model
+from specdec.backends.batched import BatchedModel
+from specdec.backends.hf import model_of
 from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
 from specdec.drafters import Drafter
@@ -85,25 +84,25 @@ class Scheduler:
         batching: bool = True,
         prefix_sharing: bool = True,
     ):
-        """``target_model``, ``draft_model``: transformers modules or ``LlamaCppModel``s
-        (each request gets its own sequence of them). ``heads``: loaded
-        ``specdec.heads.load.Heads`` by kind (medusa, eagle) for the
+        """``target_model``, ``draft_model``: ``backends.base.Model``s (each request gets
+        its own sequence of them; a transformers module is taken as ``hf.model_of`` makes
+        it). ``heads``: loaded ``specdec.heads.load.Heads`` by kind (medusa, eagle) for the
         target model; each request gets its own drafter over its own backend.
         ``max_rows``: the rows one batched target pass may score. ``batching=False``:
         requests take turns even on int8 and int4 (for comparison). ``prefix_sharing``:
         batched requests copy a prompt prefix another one's cache holds."""
+        target_model, draft_model = _as_model(target_model, tokenizer), _as_model(draft_model)
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
-        self.batched = (
-            BatchedModel(target_model, tokenizer, prefix_sharing)
-            if batching and supports(target_model)
-            else None
-        )
+        self.batched = target_model if batching and isinstance(target_model, BatchedModel) else None
         # The draft model's passes of all requests run as one too (engine.step_together).
         self.draft_batched = (
-            BatchedModel(draft_model, share_prefixes=prefix_sharing)
-            if self.batched is not None and draft_model is not None and supports(draft_model)
+            draft_model
+            if self.batched is not None and isinstance(draft_model, BatchedModel)
             else None
         )
+        for model in (self.batched, self.draft_batched):
+            if model is not None:
+                model.share_prefixes = prefix_sharing
         self.max_rows = max_rows
         self.heads = heads or {}
         self.default_drafter: str | None = None  # the recipe "auto" resolved to, if it was
@@ -144,9 +143,7 @@ class Scheduler:
 
     @property
     def max_length(self) -> int | None:
-        if isinstance(self.target_model, LlamaCppModel):
-            return self.target_model.max_length
-        return getattr(self.target_model.config, "max_position_embeddings", None)
+        return self.target_model.max_length
 
     def start(self) -> None:
         self._thread.start()
@@ -217,11 +214,7 @@ class Scheduler:
             self.on_queue_change(len(self._pending), len(self._active))
 
     def _begin(self, job: Job) -> Run:
-        target = (
-            self.batched.sequence()
-            if self.batched is not None
-            else new_sequence(self.target_model, self.tokenizer)
-        )
+        target = self.target_model.sequence()
         drafter = self._drafter(job.drafter, target)
         controller = None
         if job.spec.adaptive:  # one controller per drafter recipe: what one request learns helps
@@ -238,10 +231,8 @@ class Scheduler:
     def _sources(self, target: Backend | None = None) -> DraftSources:
         """What this server drafts with, for a request over ``target`` (None: which kinds)."""
         draft_model: Callable[[], Backend] | None = None
-        if (draft_batched := self.draft_batched) is not None:
-            draft_model = draft_batched.sequence
-        elif (model := self.draft_model) is not None:
-            draft_model = functools.partial(new_sequence, model)
+        if (model := self.draft_model) is not None:
+            draft_model = model.sequence
         heads = {kind: functools.partial(h.drafter, target) for kind, h in self.heads.items()}
         return DraftSources(draft_model=draft_model, heads=heads)
 
@@ -310,12 +301,11 @@ class Scheduler:
         job.put(chunk)
 
 
-def new_sequence(model, tokenizer=None) -> Backend:
-    """A new, empty sequence (its own KV cache) over a loaded model: a transformers module
-    (wrapped in ``HFModel``) or a ``LlamaCppModel`` (a context of its own, same weights)."""
-    if isinstance(model, LlamaCppModel):
-        return model.sequence()
-    return HFModel(model, tokenizer)
+def _as_model(model, tokenizer=None) -> Model | None:
+    """A ``Model`` as it is; a transformers module as ``hf.model_of`` makes it."""
+    if model is None or isinstance(model, Model):
+        return model
+    return model_of(model, tokenizer)
 
 
 @dataclass

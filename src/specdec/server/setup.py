@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import cast
 
 from fastapi import FastAPI
 
@@ -72,8 +71,7 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
     not started yet."""
     import torch
 
-    from specdec.backends.hf import HFModel
-    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.backends.hf import source_of
     from specdec.runtime import choose_target_runtime, load_draft, parse_runtime
 
     if config.threads:
@@ -100,10 +98,9 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
             config.draft, config.draft_runtime, config.cache_dir, progress, config.dtype,
             target_on, batched=True,
         )  # fmt: skip
-        # the scheduler makes each request's sequences over the loaded model itself
-        draft = loaded if isinstance(loaded, LlamaCppModel) else cast(HFModel, loaded).model
+        draft = source_of(loaded)  # the scheduler makes each request's sequences of it
     scheduler = Scheduler(
-        target if isinstance(target, LlamaCppModel) else target.model,
+        source_of(target),
         target.tokenizer,
         draft,
         config.max_active,

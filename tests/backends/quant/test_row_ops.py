@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from helpers import tiny_llama
+from specdec.backends.batched import BatchedModel
 from specdec.backends.hf import HFModel
 from specdec.backends.kv_buffer import MIN_CAPACITY, KVBuffer
 from specdec.backends.quant import int4, kernels
@@ -152,16 +153,16 @@ def test_the_int8_model_runs_its_rows_in_the_kernel_where_it_builds(monkeypatch)
     monkeypatch.setattr(kernels, "kernel_or_none", lambda: None)  # no compiler: the torch forms
     model = make_int8_batch_invariant(tiny_llama(seed=0))
     assert not uses_row_kernels(model)
-    assert HFModel(model)._lean is None
+    assert not isinstance(HFModel(model).source, BatchedModel)
 
 
-def test_hfmodel_runs_the_lean_layer_loop_with_transformers_numbers():
-    """On the row kernels ``HFModel`` runs the batched runtime's layer loop: the logits of
+def test_hfmodel_runs_the_layer_stack_with_transformers_numbers():
+    """On the row kernels ``HFModel`` is a sequence on the layer stack: the logits of
     transformers' own forward, bit for bit, in one pass and in pieces."""
     model = make_int4_batch_invariant(tiny_llama(seed=0))
     tokens = [5, 9, 2, 7, 7, 1, 30, 12, 4, 4]
     backend = HFModel(model)
-    assert backend._lean is not None
+    assert isinstance(backend.source, BatchedModel)
     with torch.inference_mode():
         expected = model(input_ids=torch.tensor([tokens])).logits[0].float()
     assert torch.equal(backend.forward(tokens), expected)

@@ -1,5 +1,5 @@
-// An int4 model's decoder layers, all of them in ONE call: the same kernel calls, in the same
-// order, as the Python layer loop of backends/batched.py makes one by one.
+// An int4 or int8 model's decoder layers, all of them in ONE call: the same kernel calls, in the
+// same order, as a transformers decoder layer on specdec's row operations makes them.
 //
 // Why (measured on the 1.5B, AMD EPYC, 2 cores, every kernel held to its AVX2 code;
 // docs/notes/runtime-search.md section 10): with the row operations in the kernel, a one-token step
@@ -13,13 +13,19 @@
 // after its held positions, attention of each sequence's rows over its own prefix, the o
 // product, the residual sum, norm, the fused gate/up product, the SiLU-gated product, the
 // down product and the residual sum: the functions of int4_linear.cpp and row_ops.cpp on the
-// same inputs, and the sums as the same ATen additions. So the hidden states are the Python
-// loop's bit for bit (tests/test_layer_stack.py), and a block still equals its steps.
+// same inputs, and the sums as the same ATen additions. So the hidden states are transformers'
+// forward's on that model bit for bit (tests/backends/test_layer_stack.py), and a block still
+// equals its steps.
+//
+// The int8 runtime's products are fbgemm's (backends/quant/int8.py: a prepacked torch object
+// with no C++ API that torch exports to extensions), so they are called back in Python, holding
+// the GIL for the pass; everything around them runs here as for int4.
 
 // pybind and tensor conversions only (torch/extension.h, the whole C++ API, parses 12 s longer)
 #include <torch/python.h>
 #include <ATen/ops/cat.h>
 
+#include <optional>
 #include <vector>
 
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
@@ -33,13 +39,19 @@ int64_t int4_best_path();
 
 namespace {
 
-// One int4 product: its packed weight, its bias (none: an empty tensor) and its code path.
+// One product: an int4 one (its packed weight, its bias, none: an empty tensor, and its code
+// path), or any other as a Python callable of [rows, in] -> [rows, out] (the int8 runtime's).
 struct Product {
   torch::Tensor packed;
   torch::Tensor bias;
   int64_t path;
+  pybind11::object call;  // None for an int4 product
 
   torch::Tensor operator()(const torch::Tensor& x) const {
+    if (!call.is_none()) {
+      pybind11::gil_scoped_acquire gil;  // held already: the pass keeps it (see forward)
+      return call(x).cast<torch::Tensor>();
+    }
     return int4_linear(x, packed,
                        bias.numel() ? c10::optional<torch::Tensor>(bias) : c10::nullopt, path);
   }
@@ -60,22 +72,25 @@ constexpr int kPaths = 4;     // qkv, o, gate_up, down
 
 class LayerStack {
  public:
+  // calls: one per product (kPaths a layer), None where the product is int4
   LayerStack(std::vector<torch::Tensor> tensors, std::vector<double> eps,
-             std::vector<int64_t> paths, int64_t heads, int64_t kv_heads, int64_t head_dim,
-             double scaling)
+             std::vector<int64_t> paths, std::vector<pybind11::object> calls, int64_t heads,
+             int64_t kv_heads, int64_t head_dim, double scaling)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), scaling_(scaling) {
     const size_t count = tensors.size() / kTensors;
     TORCH_CHECK(count > 0 && tensors.size() == count * kTensors && eps.size() == 2 * count &&
-                    paths.size() == kPaths * count,
-                "a layer stack: 10 tensors, 2 epsilons and 4 paths a layer");
+                    paths.size() == kPaths * count && calls.size() == paths.size(),
+                "a layer stack: 10 tensors, 2 epsilons, 4 paths and 4 calls a layer");
+    for (const pybind11::object& call : calls) python_products_ |= !call.is_none();
     TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0,
                 "head counts do not match");
     for (size_t l = 0; l < count; ++l) {
       const torch::Tensor* t = tensors.data() + l * kTensors;
       const int64_t* p = paths.data() + l * kPaths;
-      layers_.push_back(Layer{t[0], eps[2 * l], Product{t[1], t[2], p[0]},
-                              Product{t[3], t[4], p[1]}, t[5], eps[2 * l + 1],
-                              Product{t[6], t[7], p[2]}, Product{t[8], t[9], p[3]}});
+      const pybind11::object* c = calls.data() + l * kPaths;
+      layers_.push_back(Layer{t[0], eps[2 * l], Product{t[1], t[2], p[0], c[0]},
+                              Product{t[3], t[4], p[1], c[1]}, t[5], eps[2 * l + 1],
+                              Product{t[6], t[7], p[2], c[2]}, Product{t[8], t[9], p[3], c[3]}});
     }
   }
 
@@ -87,6 +102,10 @@ class LayerStack {
   torch::Tensor forward(torch::Tensor hidden, torch::Tensor cos, torch::Tensor sin,
                         std::vector<int64_t> starts, std::vector<int64_t> held,
                         std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values) const {
+    // Python threads run on while an int4 pass does (ATen needs no GIL); a pass that calls
+    // products back in Python keeps it rather than taking it again 4 times a layer.
+    std::optional<pybind11::gil_scoped_release> released;
+    if (!python_products_) released.emplace();
     const int64_t rows = hidden.size(0), layers = static_cast<int64_t>(layers_.size());
     const int64_t segments = static_cast<int64_t>(held.size());
     TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == torch::kFloat32,
@@ -144,6 +163,7 @@ class LayerStack {
 
  private:
   std::vector<Layer> layers_;
+  bool python_products_ = false;
   int64_t heads_, kv_heads_, head_dim_;
   double scaling_;
 };
@@ -159,8 +179,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("causal_attention", &causal_attention, "causal attention of each query row");
   pybind11::class_<LayerStack>(m, "LayerStack")
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<double>, std::vector<int64_t>,
-                          int64_t, int64_t, int64_t, double>())
-      // The Python threads run on while a pass does (ATen needs no GIL).
-      .def("forward", &LayerStack::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+                          std::vector<pybind11::object>, int64_t, int64_t, int64_t, double>())
+      .def("forward", &LayerStack::forward)
       .def("__len__", &LayerStack::size);
 }
