@@ -1,0 +1,136 @@
+"""Heads in the server per request, evaluation, and --drafter auto's choice."""
+
+from __future__ import annotations
+
+from helpers import backend, tiny_llama
+from specdec.backends.quant.convert import make_int8_batch_invariant
+from specdec.heads import store
+from specdec.heads.fingerprint import target_fingerprint
+from specdec.heads.nets import KINDS
+
+# ---- the server and --drafter auto --------------------------------------------------------
+
+
+def test_server_drafts_with_heads_per_request(target_model, tokenizer, trained):
+    from servers import MODEL, Running, post
+
+    heads = {kind: trained[kind][0] for kind in KINDS}
+    running = Running(target_model, None, tokenizer, heads=heads, max_active=4)
+    try:
+        body = {"model": MODEL, "prompt": "the cat", "max_tokens": 20, "temperature": 0}
+        status, plain = post(running, "/v1/completions", body | {"drafter": "none"})
+        assert status == 200
+        for drafter in ("medusa", "eagle", "lookup+eagle"):
+            status, result = post(running, "/v1/completions", body | {"drafter": drafter})
+            assert status == 200, result
+            assert result["choices"][0]["text"] == plain["choices"][0]["text"]
+            assert result["spec_stats"]["drafted_tokens"] > 0
+        # A choice (k auto), twice: one controller for the recipe learns over both requests,
+        # each member drafting (adaptive k may stop drafting on so cheap a target later).
+        choice = body | {"drafter": "medusa/eagle", "num_speculative_tokens": "auto"}
+        drafted = 0
+        for _ in range(2):
+            status, result = post(running, "/v1/completions", choice)
+            assert status == 200, result
+            assert result["choices"][0]["text"] == plain["choices"][0]["text"]
+            drafted += result["spec_stats"]["drafted_tokens"]
+        assert drafted > 0
+        members = running.scheduler.controllers["medusa/eagle@8"].controllers
+        assert all(c.rounds >= 2 for c in members.values())
+        status, error = post(running, "/v1/completions", body | {"drafter": "model"})
+        assert status == 400 and "eagle" in error["error"]["message"]
+        fixed = body | {"drafter": "medusa/eagle", "num_speculative_tokens": 3}
+        status, error = post(running, "/v1/completions", fixed)
+        assert status == 400 and "must be 'auto'" in error["error"]["message"]
+    finally:
+        running.close()
+
+
+def test_eval_predicts_every_k_from_its_own_pass_and_keeps_the_best():
+    """Acceptance 0.5 at every position, c = 0.05 a draft, passes of 2..5 tokens at 1.1,
+    1.3, 2.0, 2.6 steps (a convex int4-like curve): k = 1 gives 1.5 / 1.15, k = 2 gives
+    1.75 / 1.4; the prediction is the best k's, not max_k's."""
+    from specdec.heads.evaluate import Agreement, summarize
+
+    agree = Agreement([50, 25, 12, 6], [100, 50, 24, 12])
+    timing = {
+        "step_s": 0.02,
+        "pass_s": {2: 0.022, 3: 0.026, 4: 0.040, 5: 0.052},
+        "chain_s": 0.004,  # 4 drafts at 0.001 s: c = 0.05
+    }
+    result = summarize(agree, timing, 4)
+    expected = [1.5 / 1.15, 1.75 / 1.4, 1.875 / 2.15, 1.9375 / 2.8]
+    assert result["predicted_speedup_by_k"] == [round(x, 3) for x in expected]
+    assert result["best_k"] == 1 and result["predicted_speedup"] == round(1.5 / 1.15, 3)
+    assert result["v"] == 2.6 and result["c_per_draft"] == 0.05
+
+
+def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
+    from specdec.heads.load import NO_HEADS, auto_recipe
+
+    target = backend(target_model)
+    fingerprint = target_fingerprint(target_model)
+    entry = store.entry_dir(str(tmp_path), fingerprint, "tiny")
+    assert auto_recipe(target, str(tmp_path), "tiny") == ("lookup+model", NO_HEADS)
+    assert auto_recipe(target, str(tmp_path), "tiny", lookup_in_front=False)[0] == "model"
+    heads, _ = trained["eagle"]
+    store.save(entry, "eagle", heads.config.to_dict() | {"fingerprint": fingerprint}, {})
+    store.save_eval(entry, "eagle", {"predicted_speedup": 0.9})
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "lookup+model" and "0.90x" in why  # heads predicted slower than plain
+    # Heads predicted faster than plain, the draft model never evaluated: nothing says which
+    # is faster, so both, chosen round by round (the heads alone without a choice). Prompt
+    # lookup goes in front of one drafter, not of a choice.
+    store.save_eval(entry, "eagle", {"predicted_speedup": 1.05})
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "model/eagle" and "draft model not evaluated" in why
+    assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "lookup+eagle"
+    store.save_eval(entry, "eagle", {"predicted_speedup": 0.9})
+    store.save_eval(entry, "model", {"predicted_speedup": 0.8})
+    # Heads predicted fastest, the draft model evaluated too: the heads alone (a choice of
+    # both ran behind the faster alone), whether or not a choice could be made.
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "lookup+eagle"
+    assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "lookup+eagle"
+    store.save_eval(entry, "eagle", {"predicted_speedup": 2.1})
+    store.save_eval(entry, "model", {"predicted_speedup": 1.6})
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "lookup+eagle" and "eagle 2.10x, model 1.60x" in why
+    # serve's auto leaves lookup out (it ran behind under load on chat)
+    assert auto_recipe(target, str(tmp_path), "tiny", lookup_in_front=False)[0] == "eagle"
+    store.save_eval(entry, "medusa", {"predicted_speedup": 3.0})  # evaluated, then deleted
+    assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "lookup+eagle"
+    store.save_eval(entry, "model", {"predicted_speedup": 2.5})
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "lookup+model"
+
+
+def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, trained):
+    """An int4 step costs about half an int8 one, so c and v (and the predictions) differ
+    by runtime: an int4 target goes by evaluations made with an int4 target, and by the
+    int8 ones (saying so) only where no heads were evaluated with int4."""
+    from specdec.backends.quant.convert import make_int4_batch_invariant
+    from specdec.heads.load import auto_recipe
+    from specdec.runtime import model_runtime as target_runtime
+
+    model = make_int4_batch_invariant(tiny_llama(seed=0))
+    assert target_runtime(model) == "int4"
+    assert target_runtime(tiny_llama(seed=0)) == "float32"
+    assert target_runtime(make_int8_batch_invariant(tiny_llama(seed=0))) == "int8"
+    target = backend(model)
+    fingerprint = target_fingerprint(model)
+    entry = store.entry_dir(str(tmp_path), fingerprint, "tiny")
+    heads, _ = trained["eagle"]
+    store.save(entry, "eagle", heads.config.to_dict() | {"fingerprint": fingerprint}, {})
+    store.save_eval(entry, "eagle", {"predicted_speedup": 1.2})
+    store.save_eval(entry, "model", {"predicted_speedup": 1.5})
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "lookup+model" and "(int8 target): eagle 1.20x, model 1.50x" in why
+    store.save_eval(entry, "eagle", {"predicted_speedup": 1.4}, "int4")
+    store.save_eval(entry, "model", {"predicted_speedup": 1.1}, "int4")
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny", can_choose=False)
+    assert recipe == "lookup+eagle" and "(int4 target): eagle 1.40x, model 1.10x" in why
+    listing = "\n".join(store.list_entries(str(tmp_path)))
+    assert "int4 target" in listing and "int8 target" in listing
+    # Heads trained again: their old evaluations (every runtime) no longer count.
+    store.save(entry, "eagle", heads.config.to_dict() | {"fingerprint": fingerprint}, {})
+    assert sorted(store.read_evals(entry)) == [("model", "int4"), ("model", "int8")]
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "lookup+model"
