@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from specdec.bench.systems import Runtime as BenchRuntime
+from specdec.bench.systems import RuntimePair
 from specdec.runtime import Runtime, parse_runtime, runtime_value
 
 
@@ -43,7 +43,7 @@ def test_names_round_trip():
 
 
 def test_the_bench_reads_the_same_values():
-    assert BenchRuntime.parse("int8/llamacpp:q4_0") == BenchRuntime.parse("int8/q4_0")
-    assert BenchRuntime.parse("llamacpp:q8_0").target == "q8_0"
+    assert RuntimePair.parse("int8/llamacpp:q4_0") == RuntimePair.parse("int8/q4_0")
+    assert RuntimePair.parse("llamacpp:q8_0").target == "q8_0"
     with pytest.raises(ValueError, match="unknown runtime"):
-        BenchRuntime.parse("int8/llamacpp:zz")
+        RuntimePair.parse("int8/llamacpp:zz")

@@ -36,18 +36,18 @@ HELP = (
 
 @dataclass(frozen=True)
 class Runtime:
-    engine: str  # "transformers" or "llamacpp"
+    library: str  # "transformers" or "llamacpp"
     precision: str  # a transformers dtype, or a GGUF type
 
     @property
     def name(self) -> str:
-        return self.precision if self.engine == "transformers" else f"llamacpp:{self.precision}"
+        return self.precision if self.library == "transformers" else f"llamacpp:{self.precision}"
 
     def load(self, spec: str, cache_dir: str | None = None, progress=None):
         """``spec`` (a catalog name, a model directory or a .gguf file) as a backend."""
         from specdec.loading import load_backend
 
-        if self.engine == "transformers":
+        if self.library == "transformers":
             return load_backend(spec, self.precision, cache_dir, progress)
         return load_backend(
             spec,

@@ -103,7 +103,7 @@ def test_a_target_that_is_no_model_is_one_line(tmp_path, capsys):
 
 
 def test_system_names_parse_drafter_k_and_runtime():
-    from specdec.bench.systems import ModelPool, Runtime, describe, make_system, reference_of
+    from specdec.bench.systems import ModelPool, RuntimePair, describe, make_system, reference_of
 
     pool = ModelPool(None, lambda role, runtime, progress: None)
     assert make_system("model-k6", pool).spec.k == 6
@@ -119,12 +119,12 @@ def test_system_names_parse_drafter_k_and_runtime():
         make_system("model/eagle-k4", pool)
     assert describe("lookup-k2") == "specdec, prompt lookup, k=2 [int8]"
     mixed = make_system("model-auto@int8/q4_0", pool)
-    assert mixed.runtime == Runtime("int8", "q4_0") and mixed.needs == {
+    assert mixed.runtime == RuntimePair("int8", "q4_0") and mixed.needs == {
         ("target", "int8"),
         ("draft", "q4_0"),
     }
     assert make_system("lookup-k4@q8_0", pool).needs == {("target", "q8_0")}
-    assert make_system("llamacpp", pool).runtime == Runtime("q4_k_m", "q4_k_m")
+    assert make_system("llamacpp", pool).runtime == RuntimePair("q4_k_m", "q4_k_m")
     assert make_system("hf-assisted", pool, default_runtime="bfloat16").needs == {
         ("target", "bfloat16"),
         ("draft", "bfloat16"),
@@ -135,7 +135,7 @@ def test_system_names_parse_drafter_k_and_runtime():
     assert reference_of("llamacpp", names, "int8") == "plain"  # no plain@q4_k_m in this run
     # llama.cpp's own speculation is judged against llama.cpp's own plain loop.
     assert reference_of("llamacpp-lookup", names, "int8") == "llamacpp"
-    assert make_system("llamacpp-lookup", pool).runtime == Runtime("q4_k_m", "q4_k_m")
+    assert make_system("llamacpp-lookup", pool).runtime == RuntimePair("q4_k_m", "q4_k_m")
     assert "prompt-lookup" in describe("llamacpp-lookup")
     assert reference_of("openvino-int4-model", ["plain", "openvino-int4"], "int8") == (
         "openvino-int4"

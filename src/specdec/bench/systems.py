@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Runtime:
+class RuntimePair:
     """Where the target and the draft run: a transformers dtype or a GGUF type each."""
 
     target: str
@@ -58,12 +58,12 @@ class Runtime:
         return self.target if self.draft == self.target else f"{self.target}/{self.draft}"
 
     @staticmethod
-    def parse(text: str) -> Runtime:
+    def parse(text: str) -> RuntimePair:
         """``TARGET[/DRAFT]``, each a runtime value (``specdec.runtime``): int8, bfloat16,
         float32, llamacpp:TYPE, or the short form TYPE (a GGUF type)."""
         target, _, draft = text.partition("/")
         parts = [parse_runtime(part) for part in (target, draft or target)]
-        return Runtime(*(part.precision for part in parts))
+        return RuntimePair(*(part.precision for part in parts))
 
 
 def is_transformers(runtime: str) -> bool:
@@ -160,7 +160,7 @@ class SpecdecSystem:
         self,
         name: str,
         pool: ModelPool,
-        runtime: Runtime,
+        runtime: RuntimePair,
         make_drafter: Callable[[Backend], Drafter | None],
         k: int | str,
         verification: str = "auto",
@@ -190,7 +190,7 @@ class HFGenerateSystem:
     """transformers' own ``generate()``: plain, assisted (draft model) or prompt lookup,
     with transformers' default schedules."""
 
-    def __init__(self, name: str, pool: ModelPool, runtime: Runtime, **generate_kwargs):
+    def __init__(self, name: str, pool: ModelPool, runtime: RuntimePair, **generate_kwargs):
         self.name, self.pool, self.runtime, self.generate_kwargs = (
             name,
             pool,
@@ -244,7 +244,7 @@ class LlamaCppSystem:
     """Plain decoding by llama-cpp-python's own ``generate`` loop and sampler: what a CPU
     user runs today. Shares the GGUF's loaded model with specdec systems on that runtime."""
 
-    def __init__(self, name: str, pool: ModelPool, runtime: Runtime):
+    def __init__(self, name: str, pool: ModelPool, runtime: RuntimePair):
         if is_transformers(runtime.target):
             raise ValueError(f"system {name!r}: llama.cpp runs a GGUF type (e.g. NAME@q4_k_m)")
         self.name, self.pool, self.runtime = name, pool, runtime
@@ -269,7 +269,7 @@ class LlamaCppLookupSystem(LlamaCppSystem):
     NUM_PRED_TOKENS = 10
     N_CTX = 4096
 
-    def __init__(self, name: str, pool: ModelPool, runtime: Runtime):
+    def __init__(self, name: str, pool: ModelPool, runtime: RuntimePair):
         super().__init__(name, pool, runtime)
         self._own: Any = None  # its own Llama, made on the first run
 
@@ -361,11 +361,11 @@ DEFAULT_SYSTEMS = (
 )
 
 
-def split_name(name: str, default_runtime: str) -> tuple[str, Runtime]:
+def split_name(name: str, default_runtime: str) -> tuple[str, RuntimePair]:
     base, _, runtime = name.partition("@")
     if (base in LLAMACPP_LOOPS or base in OPENVINO_SYSTEMS) and not runtime:
         runtime = "q4_k_m"
-    return base, Runtime.parse(runtime or default_runtime)
+    return base, RuntimePair.parse(runtime or default_runtime)
 
 
 def describe(name: str, default_runtime: str = "int8") -> str:

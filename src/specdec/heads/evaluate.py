@@ -180,7 +180,7 @@ def run_command(
             args.draft, args.draft_runtime, args.cache_dir, progress, args.dtype, args.dtype,
             args.draft_vocab,
         )  # fmt: skip
-        runtime = draft_on.engine  # the label keeps the engine, as before
+        runtime = draft_on.library  # the label names the library, as before
         default = args.draft_runtime == "auto" and not args.draft_vocab
         label = (
             "model" if default else f"model-{runtime}" + ("-trimmed" if args.draft_vocab else "")
