@@ -63,11 +63,15 @@ class Running:
         self.scheduler.stop()
 
 
-def alone(models, prompt: str, max_tokens: int, k, seed=None, temperature=0.0, stop=()):
+def alone(
+    models, prompt: str, max_tokens: int, k, seed=None, temperature=0.0, stop=(), logprobs=None
+):
     """What the engine gives for this request by itself."""
     target, draft, tokenizer = models
     engine = Engine(backend(target, tokenizer), ModelDrafter(backend(draft)))
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, stop=stop)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, seed=seed, stop=stop, logprobs=logprobs
+    )
     return engine.generate(tokenizer.encode(prompt), params, SpecConfig(k=k))
 
 

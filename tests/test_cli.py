@@ -1,6 +1,7 @@
 """The CLI on two local model directories (tiny models saved by the test)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -403,6 +404,39 @@ def test_a_seeded_sampled_run_reproduces_and_compares_identical(model_dirs, caps
     assert runs[0]["compare"]["identical"] is True
     assert main([*args, "--verification", "rejection"]) == 0
     assert json.loads(capsys.readouterr().out)["compare"]["identical"] is None
+
+
+def test_generate_logprobs_in_json_identical_to_plain_on_int8(model_dirs, capsys):
+    """--logprobs N with --json: each token's value and its N most likely tokens; --compare
+    says they are plain decoding's very floats on the batch-invariant runtime."""
+    target, draft = model_dirs
+    args = ["generate", "hello", "--target", str(target), "--draft", str(draft), "-k", "3"]
+    args += ["--temperature", "0", "--max-tokens", "16", "--dtype", "int8", "--logprobs", "2"]
+    assert main([*args, "--json", "--compare"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [e["token_id"] for e in result["logprobs"]] == result["token_ids"]
+    assert all(
+        len(e["top"]) == 2 and e["top"][0]["token_id"] == e["token_id"] for e in result["logprobs"]
+    )
+    assert result["compare"]["identical"] is True
+    assert result["compare"]["identical_logprobs"] is True
+    assert main(args) == 2  # without --json there is nowhere to print them
+    assert "--logprobs is printed with --json" in capsys.readouterr().err
+
+
+def test_generate_follows_a_regex_and_names_a_missing_schema_file(model_dirs, capsys, tmp_path):
+    target, draft = model_dirs
+    args = ["generate", "hello", "--target", str(target), "--draft", str(draft), "-k", "3"]
+    args += ["--temperature", "0", "--max-tokens", "30", "--dtype", "float32", "--json"]
+    assert main([*args, "--regex", "(ab|cd)+e!"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert re.fullmatch("(ab|cd)+e!", result["text"]) or result["finish_reason"] == "length"
+    assert result["stats"]["by_drafter"]["grammar"]["accepted"] > 0
+    missing = tmp_path / "none.json"
+    assert main([*args, "--json-schema", str(missing)]) == 2
+    assert f"--json-schema {missing}: No such file" in capsys.readouterr().err
+    assert main([*args, "--regex", "a(b"]) == 2
+    assert "constraint" in capsys.readouterr().err
 
 
 def test_one_runtime_value_or_the_older_spelling_give_the_same_run(model_dirs, capsys):

@@ -3,6 +3,7 @@
 Built from the PyPI part packages on first use (a few minutes), then loaded from the cache.
 """
 
+import json
 import os
 
 import pytest
@@ -90,13 +91,48 @@ def seeded_sampled(target, draft) -> tuple:
     return plain, speculative
 
 
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "languages": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "age", "languages"],
+    "additionalProperties": False,
+}
+
+
+def structured(target, draft) -> tuple:
+    """A JSON schema through the chat template, greedy, with logprobs: (plain, speculative
+    k 4 with the grammar's forced tokens)."""
+    from specdec.config import Constraint
+    from specdec.prompting import encode_prompt
+
+    text = "Describe Ada Lovelace as a JSON object with her name, age and languages."
+    prompt_ids = encode_prompt(target.tokenizer, text, "chat")
+    params = SamplingParams(
+        max_tokens=64,
+        temperature=0.0,
+        logprobs=2,
+        constraint=Constraint("json_schema", json.dumps(PERSON)),
+    )
+    plain = Engine(target).generate(prompt_ids, params, SpecConfig(k=0))
+    speculative = Engine(target, ModelDrafter(draft)).generate(prompt_ids, params, SpecConfig(k=4))
+    return plain, speculative
+
+
 @pytest.fixture(scope="module", params=["int8", "int4"])
 def quantized_runs(request):
     """specdec's batch-invariant runtimes (int8; int4, what generate picks on the AVX-512
     EPYC): identity with plain decoding on the same runtime is guaranteed, greedy and seeded.
-    (greedy runs per prompt, the seeded sampled pair)"""
+    (greedy runs per prompt, the seeded sampled pair, the structured pair)"""
     target, draft = load_pair(request.param)
-    return plain_and_speculative(target, draft), seeded_sampled(target, draft)
+    return (
+        plain_and_speculative(target, draft),
+        seeded_sampled(target, draft),
+        structured(target, draft),
+    )
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
@@ -117,3 +153,17 @@ def test_quantized_seeded_sampling_equals_plain_on_the_same_runtime(quantized_ru
     plain, speculative = quantized_runs[1]
     assert speculative.token_ids == plain.token_ids
     assert speculative.stats.accepted_tokens > 0
+
+
+def test_quantized_json_schema_output_equals_plain_with_the_same_logprobs(quantized_runs):
+    """Constrained speculative decoding is plain constrained decoding, token for token and
+    logprob for logprob; the text is valid JSON of the schema; forced tokens were free."""
+    plain, speculative = quantized_runs[2]
+    assert speculative.token_ids == plain.token_ids
+    assert speculative.logprobs == plain.logprobs
+    assert speculative.finish_reason == "stop", speculative.text
+    person = json.loads(speculative.text)
+    assert set(person) == set(PERSON["required"]) and isinstance(person["age"], int)
+    forced = speculative.stats.by_drafter["grammar"]
+    assert forced["accepted"] == forced["drafted"] >= 5
+    assert speculative.stats.rounds < plain.stats.rounds

@@ -20,6 +20,27 @@ VERIFICATIONS = ("auto", "rejection", "coupled")
 # 0 / 0 is NaN), and the distribution they approach is the argmax anyway.
 GREEDY_BELOW = 2.0**-126
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed accepts
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs (and on completions' logprobs)
+CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "lark")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Output that must follow a grammar (structured output, ``grammar.py``). ``kind``:
+    ``json_object`` (any JSON object; ``source`` unused), ``json_schema`` (``source``: the
+    schema as JSON text), ``regex`` (``source``: a regular expression the whole output
+    matches) or ``lark`` (``source``: a grammar in llguidance's Lark syntax)."""
+
+    kind: str
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(
+                f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.kind!r}"
+            )
+        if not isinstance(self.source, str) or (self.kind != "json_object" and not self.source):
+            raise ValueError(f"a {self.kind} constraint needs its source text")
 
 
 @dataclass(frozen=True)
@@ -29,7 +50,11 @@ class SamplingParams:
 
     ``top_k == 0`` and ``top_p == 1.0`` disable those filters. ``stop`` strings end the
     output before the first occurrence of any of them. ``seed`` seeds the request's own
-    ``torch.Generator``; ``None`` draws a fresh seed.
+    ``torch.Generator``; ``None`` draws a fresh seed. ``logprobs``: ``None`` returns none;
+    ``n`` (0 to 20) returns each emitted token's log-probability under the target model and
+    the ``n`` most likely tokens at its position (``logprobs.py`` says which distribution).
+    ``constraint``: the output follows the target's distribution restricted to what the
+    grammar allows (``grammar.py``); it ends when the grammar is complete.
     """
 
     max_tokens: int = 64
@@ -39,6 +64,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    logprobs: int | None = None
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -69,6 +96,17 @@ class SamplingParams:
             raise ValueError(
                 f"seed must be an integer in [-2**63, 2**64 - 1] or None, got {self.seed!r}"
             )
+        if self.logprobs is not None and (
+            isinstance(self.logprobs, bool)
+            or not isinstance(self.logprobs, int)
+            or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise ValueError(
+                f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] (the most likely "
+                f"tokens to return beside each token's own) or None, got {self.logprobs!r}"
+            )
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise ValueError(f"constraint must be a Constraint or None, got {self.constraint!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
@@ -95,11 +133,16 @@ class SpecConfig:
     drafter-invariant coupling of Daliri, Musco and Suresh, 2024), at an acceptance of at
     least (1 - d) / (1 + d) against Algorithm 1's 1 - d (d: total variation distance between
     draft and target). ``"auto"``: coupled when the request has a seed, rejection otherwise.
-    Both are exact: every output follows the target's distribution."""
+    Both are exact: every output follows the target's distribution.
+
+    ``forced_drafts`` (requests with a ``constraint``, k != 0): where the grammar allows one
+    token only (JSON punctuation, a schema's keys), propose those tokens at no draft cost,
+    before the drafter is asked."""
 
     k: int | str = 4
     max_k: int = 8
     verification: str = "auto"
+    forced_drafts: bool = True
 
     def __post_init__(self) -> None:
         if self.k == "auto":

@@ -66,3 +66,33 @@ class Detokenizer:
                     hold = length
                     break
         return end - hold
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, character -> byte: printable bytes stand for
+    themselves, the others for the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], extra = chr(256 + extra), extra + 1
+    return {char: b for b, char in chars.items()}
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+
+
+def token_bytes(tokenizer: Any, token_id: int) -> bytes:
+    """The UTF-8 bytes one token stands for, as OpenAI's logprobs give them: a byte-level
+    BPE token (Qwen, Llama 3, GPT-2) may be part of a character, which its decoded text
+    cannot show; any other token is its decoded text. A special token (EOS) stands for
+    nothing, as in the output's text."""
+    if token_id in getattr(tokenizer, "all_special_ids", ()):
+        return b""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if type(getattr(backend, "decoder", None)).__name__ == "ByteLevel":
+        piece = tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str) and all(char in _BYTE_LEVEL for char in piece):
+            return bytes(_BYTE_LEVEL[char] for char in piece)
+    return tokenizer.decode([token_id]).encode("utf-8")

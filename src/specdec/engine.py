@@ -23,6 +23,8 @@ from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
 from specdec.detokenizer import Detokenizer
 from specdec.drafters.base import Drafter, Drafting, Proposal, drive
+from specdec.grammar import Grammar
+from specdec.logprobs import TokenLogprob, token_logprobs
 from specdec.metrics import SpecStats
 from specdec.sampling import Sampler, logits_to_probs
 from specdec.speculation import new_policy, policy_fits, speculation_for
@@ -34,7 +36,8 @@ class Chunk:
     """What one round emitted. The first ``num_from_draft`` of ``token_ids`` are accepted
     drafts; the rest is the target's own token (``extra_kind``: "recovered" after a
     rejection, "bonus" after full acceptance, "target" in a round without drafts), unless
-    the output ended before it."""
+    the output ended before it. ``logprobs``: one per token, when the request asked for them
+    (``SamplingParams.logprobs``)."""
 
     token_ids: list[int]
     text: str
@@ -43,6 +46,7 @@ class Chunk:
     extra_kind: str
     finish_reason: str | None
     stats: SpecStats
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,13 @@ class Output:
             last.stats,
             chunks,
         )
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        """One per token of ``token_ids``, when the request asked for them."""
+        if not self.chunks or self.chunks[0].logprobs is None:
+            return None
+        return [entry for chunk in self.chunks for entry in chunk.logprobs or []]
 
 
 class Engine:
@@ -134,6 +145,15 @@ class Engine:
         return prompt
 
 
+FORCED = "grammar"  # the proposals of forced tokens, by name in the stats
+
+
+def _given(proposal: Proposal) -> Drafting:
+    """Drafting that needs no pass: ``proposal`` as it is."""
+    return proposal
+    yield  # a generator that returns at once
+
+
 def new_controller(drafter: Drafter | None, max_k: int) -> KPolicy:
     """The k policy of adaptive requests with ``drafter`` (``drafting.new_policy``)."""
     return new_policy(drafter, max_k)
@@ -161,6 +181,13 @@ class Run:
             self.controller = engine.controller
         self.speculation = speculation_for(engine.drafter, self.controller, spec)
         self.sampler = Sampler(params, coupled=spec.coupled(params))
+        self.grammar = None
+        if params.constraint is not None:
+            self.grammar = Grammar(
+                params.constraint, self.target.tokenizer, self.target.vocab_size,
+                self.target.eos_token_ids,
+            )  # fmt: skip
+        self.forced_drafts = spec.forced_drafts and spec.k != 0
         self.detokenizer = detokenizer
         self.context = list(prompt)
         self.generated: list[int] = []
@@ -224,16 +251,19 @@ class Run:
         self.stats.record_round(
             k, result.num_accepted, result.bonus, result.residual_fallback, proposal.drafter
         )
-        if observe:
+        if observe and proposal.drafter != FORCED:
             self.speculation.observe(
                 k, proposal, result.num_accepted, draft_seconds, pass_seconds, self.stats.rounds - 1
             )
-        chunk = self._emit(result, proposal)
+        chunk = self._emit(result, proposal, logits)
         self.stats.total_seconds = time.perf_counter() - self.started
         return chunk
 
     def propose(self, max_k: int | None = None) -> tuple[Proposal, float]:
         """This round's drafts and the seconds drafting took."""
+        forced = self._forced(max_k)
+        if forced is not None:
+            return forced, 0.0
         k = self._draft_k(max_k)
         self.speculation.begin(k, self.stats.rounds)
         if k <= 0:
@@ -249,9 +279,30 @@ class Run:
         (a batch's share of a pass). A drafter behind the text catches up within its first
         pass, batched with the others' (that round's draft time is not counted as a draft
         step: ``finish_round``)."""
+        forced = self._forced(max_k)
+        if forced is not None:
+            return _given(forced)
         k = self._draft_k(max_k)
         self.speculation.begin(k, self.stats.rounds)
         return self._drafting(k)
+
+    def _forced(self, max_k: int | None) -> Proposal | None:
+        """The tokens the grammar forces next, as this round's drafts (q = 1: each is the
+        only token its masked row allows, so verification accepts it), when there are any
+        and the request speculates. The drafter sits the round out (``speculation``: it
+        catches up on the text later)."""
+        if self.grammar is None or not self.forced_drafts:
+            return None
+        limit = self.params.max_tokens - len(self.generated) - 1
+        if max_k is not None:
+            limit = min(limit, max_k)
+        if self.target.max_length is not None:
+            limit = min(limit, self.target.max_length - len(self.context) - 1)
+        forced = self.grammar.forced()[: max(limit, 0)]
+        if not forced:
+            return None
+        self.speculation.begin(0, self.stats.rounds)
+        return Proposal(forced, drafter=FORCED)
 
     def _drafting(self, k: int) -> Drafting:
         if k <= 0:
@@ -272,7 +323,12 @@ class Run:
         return k
 
     def _verify(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
-        draft_ids = torch.tensor(proposal.token_ids, dtype=torch.long)
+        token_ids, draft_probs = proposal.token_ids, proposal.draft_probs
+        if self.grammar is not None:  # rows masked; drafts after a forbidden one dropped
+            kept, logits = self.grammar.mask(token_ids, logits)
+            token_ids = token_ids[:kept]
+            draft_probs = None if draft_probs is None else draft_probs[:kept]
+        draft_ids = torch.tensor(token_ids, dtype=torch.long)
         if self.params.greedy:
             return verify_greedy(draft_ids, logits)
         target_probs = logits_to_probs(logits, self.params)
@@ -280,17 +336,19 @@ class Run:
             # Row i scores sequence position len(context) + i.
             noise = self.sampler.noise(len(self.context), len(draft_ids) + 1, logits.shape[1])
             return verify_coupled(draft_ids, target_probs, noise)
-        return verify_stochastic(
-            draft_ids, proposal.draft_probs, target_probs, self.sampler.generator
-        )
+        return verify_stochastic(draft_ids, draft_probs, target_probs, self.sampler.generator)
 
-    def _emit(self, result: VerifyResult, proposal: Proposal) -> Chunk:
+    def _emit(self, result: VerifyResult, proposal: Proposal, logits: torch.Tensor) -> Chunk:
         remaining = self.params.max_tokens - len(self.generated)
         emitted = result.token_ids[:remaining]
         finish_reason = None
         eos_at = self._first_eos(emitted)
         if eos_at is not None:
             emitted, finish_reason = emitted[: eos_at + 1], "stop"
+        if self.grammar is not None:
+            kept = self.grammar.advance(emitted)
+            if kept < len(emitted) or self.grammar.done():
+                emitted, finish_reason = emitted[:kept], "stop"
         self.generated.extend(emitted)
         keep, text, stopped = self.detokenizer.update(self.generated, len(emitted))
         if stopped:
@@ -307,6 +365,9 @@ class Run:
             extra_kind = "target"
         else:
             extra_kind = "bonus" if result.bonus else "recovered"
+        logprobs = None
+        if self.params.logprobs is not None:  # emitted token i was scored by row i
+            logprobs = token_logprobs(logits, emitted, self.params.logprobs)
         return Chunk(
             token_ids=emitted,
             text=text,
@@ -315,10 +376,11 @@ class Run:
             extra_kind=extra_kind,
             finish_reason=finish_reason,
             stats=self.stats,
+            logprobs=logprobs,
         )
 
     def _first_eos(self, token_ids: list[int]) -> int | None:
-        if self.params.ignore_eos:
+        if self.params.ignore_eos and self.grammar is None:  # a grammar ends at its EOS
             return None
         for i, token_id in enumerate(token_ids):
             if token_id in self.target.eos_token_ids:

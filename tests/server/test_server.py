@@ -2,6 +2,7 @@
 
 import http.client
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -12,9 +13,11 @@ import pytest
 
 from helpers import backend
 from servers import MODEL, Running, alone, post
-from specdec import Engine, SamplingParams
+from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends.quant.int4 import RowInt4Linear
 from specdec.backends.quant.int8 import RowInt8Linear
+from specdec.config import Constraint
+from specdec.drafters import ModelDrafter
 
 
 def test_completion_equals_the_engine_alone(client, models):
@@ -74,6 +77,74 @@ def test_speculation_fields_per_request(client, models):
         )  # greedy: same text
         if drafter == "none" or k == 0:
             assert result.model_extra["spec_stats"]["drafted_tokens"] == 0
+
+
+def test_completion_logprobs_equal_the_engine_alone(client, models):
+    """The server's logprobs are the engine's own values (the same floats), in OpenAI's
+    completions shape, streamed or not, and usage carries the request's speculation."""
+    kwargs = dict(model=MODEL, prompt="hello world", max_tokens=20, temperature=0, logprobs=3)
+    result = client.completions.create(**kwargs)
+    expected = alone(models, "hello world", 20, k=3, logprobs=3)
+    logprobs = result.choices[0].logprobs
+    assert logprobs.token_logprobs == [e.logprob for e in expected.logprobs]
+    assert "".join(logprobs.tokens) == result.choices[0].text == expected.text
+    assert all(len(top) == 3 for top in logprobs.top_logprobs)
+    offsets = [len("".join(logprobs.tokens[:i])) for i in range(len(logprobs.tokens))]
+    assert logprobs.text_offset == offsets and len(offsets) == len(expected.token_ids)
+    streamed = list(client.completions.create(**kwargs, stream=True))
+    parts = [p.choices[0].logprobs for p in streamed if p.choices[0].logprobs is not None]
+    assert [lp for part in parts for lp in part.token_logprobs] == logprobs.token_logprobs
+    assert [o for part in parts for o in part.text_offset] == logprobs.text_offset
+    speculation = result.usage.model_extra["speculation"]
+    stats = result.model_extra["spec_stats"]
+    assert speculation["drafted_tokens"] == stats["drafted_tokens"] > 0
+    assert speculation["mean_accepted_length"] == stats["mean_accepted_length"] >= 1
+
+
+def test_chat_logprobs_streamed_and_not(client, models):
+    messages = [{"role": "user", "content": "say hi"}]
+    kwargs = dict(
+        model=MODEL, messages=messages, max_tokens=16, temperature=0, logprobs=True, top_logprobs=2
+    )
+    whole = client.chat.completions.create(**kwargs)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    assert "".join(entry.token for entry in content) == whole.choices[0].message.content
+    assert all(bytes(e.bytes).decode() == e.token and len(e.top_logprobs) == 2 for e in content)
+    assert all(e.top_logprobs[0].token == e.token for e in content)  # greedy: the argmax
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    streamed = [
+        e
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    plain = client.chat.completions.create(
+        **kwargs, extra_body={"num_speculative_tokens": 0}
+    )  # no drafts: on int8 and int4 the same floats (each row is computed alone)
+    assert plain.usage.model_extra["speculation"]["drafted_tokens"] == 0
+    if models[0].get_output_embeddings().__class__.__name__.startswith("Row"):
+        assert [e.logprob for e in plain.choices[0].logprobs.content] == [
+            e.logprob for e in content
+        ]
+
+
+def test_guided_regex_equals_the_engine_alone_and_forces_drafts(client, models):
+    """A regular expression (vLLM's guided_regex): the text matches it, is what the engine
+    gives alone, streamed or not; the forced characters are free drafts."""
+    pattern = "(hello|help), (world|word)!"
+    extra = {"guided_regex": pattern}
+    kwargs = dict(model=MODEL, prompt="say", max_tokens=40, temperature=0, extra_body=extra)
+    result = client.completions.create(**kwargs)
+    target, draft, tokenizer = models
+    params = SamplingParams(max_tokens=40, temperature=0, constraint=Constraint("regex", pattern))
+    engine = Engine(backend(target, tokenizer), ModelDrafter(backend(draft)))
+    expected = engine.generate(tokenizer.encode("say"), params, SpecConfig(k=3))
+    assert result.choices[0].text == expected.text and re.fullmatch(pattern, expected.text)
+    assert result.model_extra["spec_stats"]["by_drafter"]["grammar"]["accepted"] >= 4
+    streamed = client.completions.create(**kwargs, stream=True)
+    assert "".join(part.choices[0].text for part in streamed) == expected.text
 
 
 def test_sampling_with_seed_and_stop(client, models):

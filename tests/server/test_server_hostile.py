@@ -155,8 +155,11 @@ def test_an_abandoned_non_streaming_request_frees_its_slot(slow_model):
         ({"prompt": "hi", "temperature": "0.5"}, "temperature"),
         ({"prompt": "hi", "seed": 2**70}, "seed"),
         ({"prompt": "hi", "tools": []}, "tools"),
-        ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
-        ({"prompt": "hi", "logprobs": 2}, None),
+        ({"prompt": "hi", "response_format": {"type": "json_schema"}}, "response_format"),
+        ({"prompt": "hi", "response_format": {"type": "yaml"}}, "response_format.type"),
+        ({"prompt": "hi", "guided_regex": "a(b"}, "response_format"),
+        ({"prompt": "hi", "guided_regex": "a", "guided_grammar": "start: /a/"}, "response_format"),
+        ({"prompt": "hi", "logprobs": 21}, "logprobs"),
         ({"prompt": "hi", "echo": True}, None),
         ({"prompt": "hi", "best_of": 3}, None),
         ({"prompt": "hi", "logit_bias": {"1": 5}}, "logit_bias"),
@@ -173,6 +176,20 @@ def test_bad_fields_are_named_in_an_openai_error(server, body, param):
     if param:
         assert error["param"] == param, error
     assert "str" not in (error["param"] or "").split("."), "no pydantic union tags"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
+        ({"logprobs": True, "top_logprobs": 21}, "less than or equal to 20"),
+        ({"logprobs": 3}, "boolean"),
+    ],
+)
+def test_bad_chat_logprobs_are_400(server, body, message):
+    messages = [{"role": "user", "content": "hi"}]
+    status, payload = post(server, "/v1/chat/completions", {"messages": messages, **body})
+    assert status == 400 and message in payload["error"]["message"], payload
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from specdec.arguments import (
     drafter_kinds,
     k_value,
 )
-from specdec.config import VERIFICATIONS, SamplingParams, SpecConfig
+from specdec.config import VERIFICATIONS, Constraint, SamplingParams, SpecConfig
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES
 from specdec.prompting import encode_prompt
 from specdec.runtime import HELP as RUNTIME_HELP
@@ -159,6 +159,34 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "distribution does not). auto (default): coupled, since the CLI always has a seed",
     )
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    constrained = p.add_mutually_exclusive_group()
+    constrained.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="structured output: the text is JSON valid against the schema in FILE (the "
+        "target's distribution restricted to what the schema allows; tokens the schema "
+        "forces are proposed as free drafts)",
+    )
+    constrained.add_argument(
+        "--json-object", action="store_true", help="structured output: any JSON object"
+    )
+    constrained.add_argument(
+        "--regex", metavar="PATTERN", help="structured output: the whole text matches PATTERN"
+    )
+    constrained.add_argument(
+        "--grammar",
+        metavar="FILE",
+        help="structured output: the text follows the grammar in FILE (llguidance's Lark syntax)",
+    )
+    p.add_argument(
+        "--logprobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --json: each token's log-probability under the target model (raw logits, "
+        "before temperature/top-k/top-p) and the N (0-20) most likely tokens at its "
+        "position, from the verify pass's rows",
+    )
     p.add_argument(
         "--dtype",
         choices=TRANSFORMERS_DTYPES,
@@ -224,7 +252,11 @@ def run(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         stop=tuple(args.stop),
+        logprobs=args.logprobs,
+        constraint=constraint_of(args),
     )
+    if args.logprobs is not None and not args.json:
+        raise UsageError("--logprobs is printed with --json: add --json")
     kinds = drafter_kinds(args.drafter)
     spec = SpecConfig(k=args.k if kinds else 0, max_k=args.max_k, verification=args.verification)
     if "ngram" in kinds and not args.ngram_model:
@@ -242,7 +274,9 @@ def run(args: argparse.Namespace) -> int:
             if args.compare
             else None
         )
-        cli_output.print_json(out, **({"compare": compare} if compare else {}))
+        cli_output.print_json(
+            out, engine.target.tokenizer, **({"compare": compare} if compare else {})
+        )
     else:
         out = cli_output.stream_to_terminal(engine, prompt_ids, params, spec, args.show_drafts)
         if args.compare:
@@ -250,6 +284,25 @@ def run(args: argparse.Namespace) -> int:
                 cli_output.compare_plain(engine, prompt_ids, params, spec, out)
             )
     return 0
+
+
+def constraint_of(args: argparse.Namespace) -> Constraint | None:
+    """The --json-schema / --json-object / --regex / --grammar constraint, files read."""
+    if args.json_object:
+        return Constraint("json_object")
+    if args.regex is not None:
+        return Constraint("regex", args.regex)
+    for flag, kind, path in (
+        ("--json-schema", "json_schema", args.json_schema),
+        ("--grammar", "lark", args.grammar),
+    ):
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8") as file:
+                    return Constraint(kind, file.read())
+            except OSError as error:
+                raise UsageError(f"{flag} {path}: {error.strerror}") from None
+    return None
 
 
 def build_engine(args: argparse.Namespace, recipe: str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -18,13 +19,26 @@ from specdec.metrics import SpecStats
 ACCEPTED, REJECTED, FROM_TARGET = "green", "red strike", "bold blue"
 
 
-def output_dict(out: Output) -> dict:
-    return {
+def output_dict(out: Output, tokenizer: Any = None) -> dict:
+    """The JSON of ``--json``; ``logprobs`` (each token's and its position's most likely
+    tokens, with their text where there is a tokenizer) when the request asked for them."""
+    body = {
         "text": out.text,
         "token_ids": out.token_ids,
         "finish_reason": out.finish_reason,
         "stats": out.stats.to_dict(),
     }
+    if out.logprobs is not None:
+
+        def one(token_id: int, logprob: float) -> dict:
+            text = None if tokenizer is None else tokenizer.decode([token_id])
+            return {"token_id": token_id, "token": text, "logprob": logprob}
+
+        body["logprobs"] = [
+            one(e.token_id, e.logprob) | {"top": [one(t, lp) for t, lp in e.top]}
+            for e in out.logprobs
+        ]
+    return body
 
 
 def compare_plain(
@@ -48,6 +62,12 @@ def compare_plain(
         "plain_tokens_per_second": plain_tps,
         "speedup": speculative.stats.tokens_per_second / plain_tps if plain_tps else 0.0,
         "identical": plain.token_ids == speculative.token_ids if comparable else None,
+        # greedy on int8/int4: the verify rows are the plain steps' rows, bit for bit
+        **(
+            {"identical_logprobs": plain.logprobs == speculative.logprobs}
+            if params.logprobs is not None and comparable
+            else {}
+        ),
         "runtime": runtime,
         "same_text_promised": runtime in SAME_TEXT_AS_PLAIN,
     }
@@ -112,8 +132,8 @@ def _size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
-def print_json(out: Output, **extra: object) -> None:
-    sys.stdout.write(json.dumps({**output_dict(out), **extra}) + "\n")
+def print_json(out: Output, tokenizer: Any = None, **extra: object) -> None:
+    sys.stdout.write(json.dumps({**output_dict(out, tokenizer), **extra}) + "\n")
 
 
 def stream_to_terminal(engine: Engine, prompt_ids, params, spec, show_drafts: bool) -> Output:

@@ -2,14 +2,17 @@
 
 Strict: numbers must be JSON numbers (``true`` or ``"3"`` is refused, not coerced), fields
 this server does not implement are refused by name, and OpenAI fields with a neutral value
-(``logprobs: null``, ``presence_penalty: 0``, ...) are accepted only with that value.
+(``presence_penalty: 0``, ``echo: false``, ...) are accepted only with that value.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from specdec.config import MAX_TOP_LOGPROBS, Constraint
 
 
 def _valid_text(value: str, what: str) -> str:
@@ -22,6 +25,24 @@ def _valid_text(value: str, what: str) -> str:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = "output"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('json_schema goes with type "json_schema" (and only with it)')
+        return self
 
 
 class _Common(_Strict):
@@ -50,6 +71,11 @@ class _Common(_Strict):
     num_speculative_tokens: int | Literal["auto"] | None = None
     drafter: str | None = None
     verification: Literal["auto", "rejection", "coupled"] = "auto"
+    # Structured output: OpenAI's response_format, and vLLM's names for a regular expression
+    # and a grammar (llguidance's Lark syntax) as extensions.
+    response_format: ResponseFormat | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
 
     @field_validator("n")
     @classmethod
@@ -94,10 +120,31 @@ class _Common(_Strict):
     def token_budget(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
 
+    def constraint(self) -> Constraint | None:
+        """What the output must follow (``SamplingParams.constraint``), if anything."""
+        given = []
+        form = self.response_format
+        if form is not None and form.type == "json_object":
+            given.append(Constraint("json_object"))
+        if form is not None and form.json_schema is not None:
+            given.append(Constraint("json_schema", json.dumps(form.json_schema.schema_)))
+        if self.guided_regex is not None:
+            given.append(Constraint("regex", self.guided_regex))
+        if self.guided_grammar is not None:
+            given.append(Constraint("lark", self.guided_grammar))
+        if len(given) > 1:
+            raise ValueError("give one of response_format (json), guided_regex and guided_grammar")
+        return given[0] if given else None
+
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
-    logprobs: int | None = None
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="each token's log-probability and this many most likely tokens (raw model)",
+    )
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -117,8 +164,8 @@ class CompletionRequest(_Common):
     def _neutral_fields(self):
         unsupported = [
             name
-            for name, neutral in (("logprobs", None), ("echo", False), ("suffix", None))
-            if getattr(self, name) not in (neutral, 0 if name == "logprobs" else neutral)
+            for name, neutral in (("echo", False), ("suffix", None))
+            if getattr(self, name) != neutral
         ]
         if self.best_of not in (None, 1):
             unsupported.append("best_of")
@@ -130,6 +177,10 @@ class CompletionRequest(_Common):
         """The one prompt (the validator has unwrapped a one-element list)."""
         assert isinstance(self.prompt, str), "validated to one string"
         return self.prompt
+
+    def logprobs_wanted(self) -> int | None:
+        """``SamplingParams.logprobs``: None, or how many most likely tokens to return."""
+        return self.logprobs
 
 
 class TextPart(_Strict):
@@ -155,11 +206,25 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | None = Field(
+        default=None, description="each token's log-probability (raw model)"
+    )
+    top_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="with logprobs: this many most likely tokens at each position",
+    )
 
     @model_validator(mode="after")
-    def _neutral_fields(self):
-        if self.logprobs or self.top_logprobs:
-            raise ValueError("not supported by this server: logprobs")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    def logprobs_wanted(self) -> int | None:
+        """``SamplingParams.logprobs``: None, or how many most likely tokens to return."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+CompletionBody = CompletionRequest | ChatCompletionRequest  # what the two routes take

@@ -1,0 +1,165 @@
+"""OpenAI's response bodies from a request's chunks: pure functions, no server state."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from specdec.detokenizer import token_bytes
+from specdec.engine import Chunk
+from specdec.logprobs import TokenLogprob
+
+
+def usage(prompt_tokens: int, chunks: list[Chunk]) -> dict:
+    """OpenAI's token counts, and the request's speculation (an extension, as vLLM and
+    SGLang report it per request): drafted and accepted tokens, acceptance rate, mean
+    accepted length (tokens a round, the target's own included; ``metrics.py`` defines
+    them)."""
+    completion = sum(len(c.token_ids) for c in chunks)
+    stats = chunks[-1].stats
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "speculation": {
+            "drafted_tokens": stats.drafted_tokens,
+            "accepted_tokens": stats.accepted_tokens,
+            "acceptance_rate": stats.acceptance_rate,
+            "mean_accepted_length": stats.mean_accepted_length,
+        },
+    }
+
+
+class TokenText:
+    """A token's text and UTF-8 bytes as OpenAI's logprobs show them, remembered."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self._known: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        if token_id not in self._known:
+            raw = token_bytes(self.tokenizer, token_id)
+            self._known[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
+        return self._known[token_id]
+
+
+def chat_logprobs(entries: list[TokenLogprob], text_of: TokenText) -> dict:
+    """Chat's ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+
+    def one(token_id: int, logprob: float) -> dict:
+        text, raw = text_of(token_id)
+        return {"token": text, "logprob": logprob, "bytes": raw}
+
+    content = [
+        one(e.token_id, e.logprob) | {"top_logprobs": [one(t, lp) for t, lp in e.top]}
+        for e in entries
+    ]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(entries: list[TokenLogprob], text_of: TokenText, offset: int) -> dict:
+    """Completions' ``logprobs``: parallel lists of tokens, their log-probabilities, the
+    top tokens of each position and each token's offset in the text (from ``offset``)."""
+    tokens = [text_of(e.token_id)[0] for e in entries]
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{text_of(t)[0]: lp for t, lp in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def completion_body(
+    chunks: list[Chunk],
+    prompt_tokens: int,
+    response_id: str,
+    model_name: str,
+    chat: bool,
+    replica: str | None,
+    text_of: TokenText,
+) -> dict:
+    """A whole completion (``chat.completion`` or ``text_completion``) with ``usage`` (and
+    its speculation) and the ``spec_stats`` extension; ``logprobs`` when asked for."""
+    text = "".join(c.text for c in chunks)
+    finish = chunks[-1].finish_reason or "length"
+    entries = None if chunks[0].logprobs is None else [e for c in chunks for e in c.logprobs or []]
+    if chat:
+        logprobs = None if entries is None else chat_logprobs(entries, text_of)
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
+    else:
+        logprobs = None if entries is None else completion_logprobs(entries, text_of, 0)
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
+    return {
+        "id": response_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, chunks),
+        "spec_stats": chunks[-1].stats.to_dict(),
+        "system_fingerprint": replica,
+    }
+
+
+class StreamEvents:
+    """The server-sent events of one streamed completion, all with one id and time."""
+
+    def __init__(
+        self,
+        response_id: str,
+        model_name: str,
+        chat: bool,
+        replica: str | None,
+        text_of: TokenText,
+    ):
+        self.response_id, self.model_name, self.chat = response_id, model_name, chat
+        self.replica, self.created = replica, int(time.time())
+        self.text_of = text_of
+        self.offset = 0  # of the next token's text in the completion (completions' logprobs)
+
+    def event(
+        self,
+        text: str | None,
+        finish: str | None,
+        first_delta: bool = False,
+        extra: dict | None = None,
+        entries: list[TokenLogprob] | None = None,
+    ) -> str:
+        """One ``data:`` event: a delta of ``text`` (a chat stream's first one also says the
+        role), the ``logprobs`` of its tokens (``entries``), ``finish`` on the last, with
+        ``extra`` fields (usage, spec_stats)."""
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if first_delta else {}
+            delta |= {"content": text} if text else {}
+            logprobs = None if entries is None else chat_logprobs(entries, self.text_of)
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        else:
+            logprobs = None
+            if entries is not None:
+                logprobs = completion_logprobs(entries, self.text_of, self.offset)
+                self.offset += sum(len(token) for token in logprobs["tokens"])
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
+        payload = {
+            "id": self.response_id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model_name,
+            "choices": [choice],
+            "system_fingerprint": self.replica,
+            **(extra or {}),
+        }
+        return f"data: {json.dumps(payload)}\n\n"
+
+
+def error_event(body: dict) -> str:
+    return f"data: {json.dumps(body)}\n\n"
+
+
+DONE = "data: [DONE]\n\n"

@@ -1,0 +1,240 @@
+"""One request's way through the server, after the guard: the cheap checks, the sampling
+parameters, tokenization in a worker thread (never on the event loop), the prompt length,
+the scheduler; then the answer, whole or streamed. A client that leaves, streaming or not,
+cancels its job."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response, StreamingResponse
+
+from specdec.config import Constraint, SamplingParams, SpecConfig
+from specdec.engine import Chunk
+from specdec.grammar import Grammar
+from specdec.server import responses
+from specdec.server.errors import ApiError, ClientGone, as_api_error
+from specdec.server.guard import Limits
+from specdec.server.metrics import ServerMetrics
+from specdec.server.scheduler import END, Job, QueueFull, Scheduler
+from specdec.server.schemas import ChatCompletionRequest, CompletionBody
+
+RETRY_AFTER_SECONDS = 1
+
+CLIENT_CHECK_SECONDS = 0.2  # how often a waiting handler looks whether its client is there
+
+
+@dataclass
+class Service:
+    """What the routes share: the scheduler, the served model's name and defaults, the
+    limits, the metrics and this replica's name."""
+
+    scheduler: Scheduler
+    model_name: str
+    default_k: int | str
+    default_drafter: str
+    default_max_tokens: int
+    limits: Limits
+    metrics: ServerMetrics
+    replica: str | None
+    text_of: responses.TokenText = field(init=False)  # tokens' text and bytes, for logprobs
+
+    def __post_init__(self) -> None:
+        self.text_of = responses.TokenText(self.scheduler.tokenizer)
+
+    def check_cheap(self, body: CompletionBody) -> None:
+        """The model, drafter, k and stop limits: before any tokenizing."""
+        if body.model not in (None, self.model_name):
+            message = f"model {body.model!r} is not served here; use {self.model_name!r}"
+            raise ApiError(400, message, "model", "model_not_found")
+        kind = body.drafter or self.default_drafter
+        if not self.scheduler.offers(kind):
+            available = ", ".join(self.scheduler.drafters)
+            raise ApiError(400, f"drafter {kind!r} is not available; use {available}", "drafter")
+        k = body.num_speculative_tokens
+        if isinstance(k, int) and k > self.limits.max_k:
+            message = f"num_speculative_tokens must be <= {self.limits.max_k} (or 'auto'), got {k}"
+            raise ApiError(400, message, "num_speculative_tokens")
+        if "/" in kind and (self.default_k if k is None else k) not in ("auto", 0):
+            message = (
+                f"drafter {kind!r} is a choice made from measured rounds, as k is: "
+                "num_speculative_tokens must be 'auto'"
+            )
+            raise ApiError(400, message, "num_speculative_tokens")
+        stop = body.stop_strings()
+        limits = self.limits
+        if len(stop) > limits.max_stop or any(len(s) > limits.max_stop_chars for s in stop):
+            message = (
+                f"stop: at most {limits.max_stop} strings of at most "
+                f"{limits.max_stop_chars} characters"
+            )
+            raise ApiError(400, message, "stop")
+
+    def params(self, body: CompletionBody) -> SamplingParams:
+        try:
+            constraint = body.constraint()
+        except ValueError as error:
+            raise ApiError(400, str(error), "response_format") from None
+        try:
+            return SamplingParams(
+                max_tokens=body.token_budget(self.default_max_tokens),
+                temperature=body.temperature,
+                top_k=body.top_k,
+                top_p=body.top_p,
+                seed=body.seed,
+                stop=body.stop_strings(),
+                logprobs=body.logprobs_wanted(),
+                constraint=constraint,
+            )
+        except ValueError as error:  # SamplingParams' messages start with the field's name
+            raise ApiError(400, str(error), str(error).split()[0]) from None
+
+    def spec(self, body: CompletionBody) -> SpecConfig:
+        k = body.num_speculative_tokens
+        return SpecConfig(k=self.default_k if k is None else k, verification=body.verification)
+
+    async def serve(self, body: CompletionBody, encode: Callable[[], list[int]], request: Request):
+        """Answer ``body`` (checked cheaply already), its prompt's ids from ``encode``."""
+        params, spec = self.params(body), self.spec(body)
+        if params.constraint is not None:  # a grammar that does not compile is a 400 now
+            await run_in_threadpool(self.check_constraint, params.constraint)
+        try:
+            prompt_ids = await run_in_threadpool(encode)
+        except ValueError as error:
+            raise ApiError(400, str(error), "prompt") from None
+        self.check_length(prompt_ids)
+        loop = asyncio.get_running_loop()
+        job = Job(prompt_ids, params, spec, body.drafter or self.default_drafter, loop)
+        try:
+            self.scheduler.submit(job)
+        except QueueFull as error:
+            raise ApiError(
+                503,
+                f"server busy: {error}",
+                None,
+                "queue_full",
+                "server_error",
+                {"Retry-After": str(RETRY_AFTER_SECONDS)},
+            ) from None
+        try:
+            first = await self.next(job, request)
+        except ClientGone:
+            return self.gone(job, [])
+        if isinstance(first, Exception):
+            raise as_api_error(first)
+        ttft = time.perf_counter() - job.submitted
+        chat = isinstance(body, ChatCompletionRequest)
+        response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        if body.stream:
+            events = responses.StreamEvents(
+                response_id, self.model_name, chat, self.replica, self.text_of
+            )
+            return StreamingResponse(
+                self.stream(job, first, ttft, events), media_type="text/event-stream"
+            )
+        chunks = [first]
+        try:
+            while chunks[-1].finish_reason is None:
+                item = await self.next(job, request)
+                if item is END:
+                    break
+                if isinstance(item, Exception):
+                    raise as_api_error(item)
+                chunks.append(item)
+        except ClientGone:
+            return self.gone(job, chunks)
+        self.finish(job, chunks, ttft, "ok")
+        return responses.completion_body(
+            chunks,
+            len(job.prompt_ids),
+            response_id,
+            self.model_name,
+            chat,
+            self.replica,
+            self.text_of,
+        )
+
+    def check_constraint(self, constraint: Constraint) -> None:
+        """Compile the request's grammar once before it queues (the tokenizer's grammar form
+        is built on the first such request, about a second, then kept)."""
+        target = self.scheduler.target_model
+        try:
+            Grammar(constraint, self.scheduler.tokenizer, target.vocab_size, target.eos_token_ids)
+        except ValueError as error:
+            raise ApiError(400, str(error), "response_format") from None
+
+    def check_length(self, prompt_ids: list[int]) -> None:
+        limit = self.limits.max_prompt_tokens
+        if limit is not None and len(prompt_ids) > limit:
+            message = f"prompt has {len(prompt_ids)} tokens; this server takes at most {limit}"
+            raise ApiError(400, message, "prompt", "context_length_exceeded")
+
+    async def next(self, job: Job, request: Request):
+        """The job's next item; ClientGone (and the job cancelled) if the client left.
+        The connection is looked at every ``CLIENT_CHECK_SECONDS``, however fast items
+        arrive."""
+        getter = asyncio.ensure_future(job.queue.get())
+        while True:
+            now = time.perf_counter()
+            if now - job.checked >= CLIENT_CHECK_SECONDS:
+                job.checked = now
+                if await request.is_disconnected():
+                    getter.cancel()
+                    self.scheduler.cancel(job)
+                    raise ClientGone
+            done, _ = await asyncio.wait({getter}, timeout=CLIENT_CHECK_SECONDS)
+            if done:
+                return getter.result()
+
+    def gone(self, job: Job, chunks: list[Chunk]) -> Response:
+        self.finish(job, chunks, None, "disconnected")
+        return Response(status_code=499)  # nobody reads it: the client has gone
+
+    def finish(self, job: Job, chunks: list[Chunk], ttft: float | None, status: str) -> None:
+        if chunks:
+            self.metrics.record(chunks[-1].stats, time.perf_counter() - job.submitted, ttft)
+        self.metrics.requests.labels(status).inc()
+
+    async def stream(
+        self, job: Job, first: Chunk, ttft: float, events: responses.StreamEvents
+    ) -> AsyncIterator[str]:
+        chunks: list[Chunk] = []
+        status = "disconnected"  # until the stream ends as it should
+        try:
+            if events.chat:
+                yield events.event(None, None, first_delta=True)
+            item = first
+            while True:
+                chunks.append(item)
+                if item.text or item.logprobs:
+                    yield events.event(item.text, None, entries=item.logprobs)
+                if item.finish_reason is not None:
+                    break
+                item = await job.queue.get()
+                if item is END:
+                    break
+                if isinstance(item, Exception):
+                    # The status line went out with the first chunk: the error is an event
+                    # of the stream, which then ends as every stream does (vLLM's shape).
+                    yield responses.error_event(as_api_error(item).body())
+                    yield responses.DONE
+                    status = "error"
+                    return
+            last = chunks[-1]
+            extra = {
+                "usage": responses.usage(len(job.prompt_ids), chunks),
+                "spec_stats": last.stats.to_dict(),
+            }
+            yield events.event(None, last.finish_reason or "length", extra=extra)
+            yield responses.DONE
+            status = "ok"
+        finally:
+            if status == "disconnected":
+                self.scheduler.cancel(job)  # the client went away: free the slot next round
+            self.finish(job, chunks, ttft, status)

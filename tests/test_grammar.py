@@ -1,0 +1,223 @@
+"""Structured output (``SamplingParams.constraint``, ``grammar.py``): masks by hand, greedy
+constrained speculative == plain constrained, and the constrained distribution measured.
+
+Statistical: the grammar ``[a-h][a-h]`` after a prompt; the target's exact constrained
+marginals of the two tokens (its rows masked to a-h and renormalised) by enumeration.
+With DRAWS = 2,000 requests and at most 8 cells (df <= 7), chi-square at 1e-4 rejects with
+probability >= 0.99 whenever a marginal is off by Cohen's w >= 0.2 (noncentral chi-square,
+lambda = 80; ``test_the_sample_size_detects_the_stated_effect`` in
+``test_engine_statistical.py`` computes it for df = 31, which needs more). The drafts are
+another model's, sampled from its unmasked rows, 40% of first drafts forbidden: the path
+where verification rejects a forbidden draft is taken all the time. Two injected mutants
+must be caught: rows left unmasked, and a forbidden draft cut off before verification (its
+row then samples the bonus from p instead of the residual: biased whenever the drafter's
+allowed tokens are shaped unlike the target's; w = 0.43 on this pair,
+``test_the_sample_size_detects_the_cut_mutant``).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import specdec.grammar
+from helpers import (
+    CHARS,
+    SIGNIFICANCE,
+    assert_same_distribution,
+    backend,
+    char_tokenizer,
+    tiny_llama,
+)
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends.quant.convert import make_int8_batch_invariant
+from specdec.config import Constraint
+from specdec.drafters import ModelDrafter, PromptLookupDrafter
+from specdec.grammar import Grammar
+
+START = [3, 1, 4, 1, 5]
+DRAWS = 2000
+ALLOWED = [1 + CHARS.index(c) for c in "abcdefgh"]
+
+
+def ids(text: str) -> list[int]:
+    return [1 + CHARS.index(c) for c in text]
+
+
+def test_masks_row_by_row_and_a_forbidden_draft_ends_the_rows(tokenizer):
+    grammar = Grammar(Constraint("regex", "ab(c|d)e"), tokenizer, 32, {0})
+    logits = torch.zeros(7, 32)
+    kept, rows = grammar.mask(ids("abd"), logits[:4])
+    assert kept == 3 and rows.shape == (4, 32)
+    finite = [torch.isfinite(row).nonzero().flatten().tolist() for row in rows]
+    assert finite == [ids("a"), ids("b"), ids("cd"), ids("e")]
+    kept, rows = grammar.mask(ids("ax"), logits[:3])  # x forbidden after a: nothing after it
+    assert kept == 2 and rows.shape == (3, 32)
+    assert grammar.forced() == ids("ab")  # the drafts were rolled back
+    kept, rows = grammar.mask(ids("abce") + [0, 3], logits[:7])  # an EOS ends the rows
+    assert kept == 5 and rows.shape == (6, 32) and bool(torch.isfinite(rows[4, 0]))
+    assert grammar.forced() == ids("ab")  # rolled back, the EOS never consumed
+    assert grammar.advance(ids("ab")) == 2
+    assert grammar.forced() == [] and not grammar.done()
+    assert grammar.advance(ids("ce") + [7, 8]) == 2  # what follows the end is cut
+    assert grammar.done()
+
+
+def test_a_bad_grammar_is_a_value_error_naming_it(tokenizer):
+    with pytest.raises(ValueError, match="constraint"):
+        Grammar(Constraint("regex", "a(b"), tokenizer, 32, {0})
+    with pytest.raises(ValueError, match="not JSON"):
+        Grammar(Constraint("json_schema", "{nope"), tokenizer, 32, {0})
+    with pytest.raises(ValueError, match="constraint kind"):
+        Constraint("yaml", "x")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """The target and another model as the draft: its proposals are shaped unlike the
+    target's (a perturbed copy's would be so alike that the cut mutant changes nothing)."""
+    return tiny_llama(seed=10, init=0.3), tiny_llama(seed=12, init=1.0)
+
+
+@pytest.mark.parametrize("runtime", ["float32", "int8"])
+@pytest.mark.parametrize(
+    "pattern", ["(ab|cd)+e{3}f", "[a-h]{5,9}", "(hello|help) (world|word)!", "[a-z ]{3,30}\\."]
+)
+def test_greedy_constrained_speculation_equals_plain_constrained(pair, runtime, pattern):
+    target, draft = pair
+    if runtime == "int8":  # on copies: the conversion changes a model in place
+        target = make_int8_batch_invariant(copy.deepcopy(target))
+        draft = make_int8_batch_invariant(copy.deepcopy(draft))
+    tokenizer = char_tokenizer()
+    params = SamplingParams(max_tokens=40, temperature=0, constraint=Constraint("regex", pattern))
+    plain = Engine(backend(target, tokenizer)).generate(START, params)
+    assert re.fullmatch(pattern, plain.text) or plain.finish_reason == "length"
+    for drafter, spec in (
+        (ModelDrafter(backend(draft)), SpecConfig(k=1)),
+        (ModelDrafter(backend(draft)), SpecConfig(k=5)),
+        (ModelDrafter(backend(draft)), SpecConfig(k="auto")),
+        (PromptLookupDrafter(), SpecConfig(k=3, forced_drafts=False)),
+    ):
+        out = Engine(backend(target, tokenizer), drafter).generate(START, params, spec)
+        assert out.token_ids == plain.token_ids and out.finish_reason == plain.finish_reason
+
+
+def test_forced_tokens_are_free_drafts_always_accepted(pair):
+    """Where the pattern allows one character only, it is proposed at no draft cost."""
+    target, draft = pair
+    pattern = "(hello|help), (world|word)!"
+    params = SamplingParams(max_tokens=60, temperature=0, constraint=Constraint("regex", pattern))
+    engine = Engine(backend(target, char_tokenizer()), ModelDrafter(backend(draft)))
+    out = engine.generate(START, params, SpecConfig(k=3))
+    plain = engine.generate(START, params, SpecConfig(k=0))
+    assert out.token_ids == plain.token_ids and re.fullmatch(pattern, out.text)
+    forced = out.stats.by_drafter["grammar"]
+    assert forced["drafted"] >= 4 and forced["accepted"] == forced["drafted"]
+    assert "grammar" not in plain.stats.by_drafter  # k = 0: plain decoding, no drafts at all
+    assert out.stats.rounds < plain.stats.rounds
+
+
+def test_a_grammar_the_vocabulary_cannot_spell_is_a_clear_error(pair):
+    """The tiny vocabulary has no "{": JSON cannot be written with it."""
+    params = SamplingParams(max_tokens=10, temperature=0, constraint=Constraint("json_object"))
+    with pytest.raises(ValueError, match="the grammar cannot go on"):
+        Engine(backend(pair[0], char_tokenizer())).generate(START, params)
+
+
+def constrained_marginals(model) -> list[np.ndarray]:
+    """The target's exact distribution of tokens 1 and 2 under [a-h][a-h]."""
+    mask = torch.full((32,), float("-inf"))
+    mask[ALLOWED] = 0.0
+    with torch.inference_mode():
+        first = torch.softmax(model(torch.tensor([START])).logits[0, -1] + mask, -1)
+        pairs = torch.tensor([START + [x] for x in range(32)])
+        second = torch.softmax(model(pairs).logits[:, -1] + mask, -1)  # [x, y]
+    return [first.numpy(), (first @ second).numpy()]
+
+
+def sample(pair, spec: SpecConfig, seeded: bool) -> np.ndarray:
+    target, draft = pair
+    engine = Engine(backend(target, char_tokenizer()), ModelDrafter(backend(draft)))
+    counts = np.zeros((2, 32))
+    constraint = Constraint("regex", "[a-h][a-h]")
+    for i in range(DRAWS):
+        params = SamplingParams(
+            max_tokens=2, temperature=1.0, seed=i if seeded else None, constraint=constraint
+        )
+        out = engine.generate(START, params, spec)
+        for position, token_id in enumerate(out.token_ids[:2]):  # a mutant may end at EOS
+            counts[position, token_id] += 1
+    return counts
+
+
+def drafted_forbidden(pair) -> float:
+    """How often the model drafts a token outside a-h as the first draft."""
+    with torch.inference_mode():
+        q = torch.softmax(pair[1](torch.tensor([START])).logits[0, -1], -1)
+    return 1.0 - float(q[ALLOWED].sum())
+
+
+@pytest.mark.parametrize("verification", ["rejection", "coupled"])
+def test_constrained_speculative_sampling_follows_the_constrained_target(pair, verification):
+    assert drafted_forbidden(pair) > 0.3, "forbidden drafts must be common, or that path is idle"
+    counts = sample(pair, SpecConfig(k=2, verification=verification), verification == "coupled")
+    assert counts.sum() == 2 * DRAWS  # every output is two letters
+    for position, expected in enumerate(constrained_marginals(pair[0])):
+        assert_same_distribution(counts[position], expected)
+
+
+def _unmasked(self, draft_ids, logits):
+    return len(draft_ids), logits.float()
+
+
+def _cut_before_forbidden(self, draft_ids, logits):
+    kept, rows = ORIGINAL_MASK(self, draft_ids, logits)
+    if kept and not torch.isfinite(rows[kept - 1, draft_ids[kept - 1]]):
+        return kept - 1, rows[:kept]  # the forbidden draft dropped: its row becomes the bonus
+    return kept, rows
+
+
+ORIGINAL_MASK = Grammar.mask
+
+
+def test_the_sample_size_detects_the_cut_mutant(pair):
+    """The cut mutant's first token, worked out: with Qa the draft's mass on a-h, p the
+    masked target and r the residual max(p - q, 0) normalised, it emits
+    p + (1 - Qa) (p - r). Its effect size w on this pair, and the power of the check."""
+    target, draft = pair
+    with torch.inference_mode():
+        q = torch.softmax(draft(torch.tensor([START])).logits[0, -1], -1).double().numpy()
+    p = constrained_marginals(target)[0].astype(float)
+    residual = np.maximum(p - q, 0)
+    residual /= residual.sum()
+    mutant = p + (1 - q[ALLOWED].sum()) * (p - residual)
+    w = float(np.sqrt(((mutant - p)[ALLOWED] ** 2 / p[ALLOWED]).sum()))
+    df = len(ALLOWED) - 1
+    power = stats.ncx2.sf(stats.chi2.isf(SIGNIFICANCE, df), df, DRAWS * w**2)
+    assert w >= 0.2 and power >= 0.99, (w, power)
+
+
+MUTANTS = {
+    # rows left unmasked (the grammar still follows the tokens, refusing none)
+    "unmasked rows": {"mask": _unmasked, "advance": lambda self, token_ids: len(token_ids)},
+    "forbidden draft cut": {"mask": _cut_before_forbidden},
+}
+
+
+@pytest.mark.parametrize("mutant", list(MUTANTS))
+def test_the_statistical_check_catches_mutants(pair, monkeypatch, mutant):
+    for name, replacement in MUTANTS[mutant].items():
+        monkeypatch.setattr(specdec.grammar.Grammar, name, replacement)
+    counts = sample(pair, SpecConfig(k=2, verification="rejection"), seeded=False)
+    failures = 0
+    for position, expected in enumerate(constrained_marginals(pair[0])):
+        try:
+            assert_same_distribution(counts[position], expected)
+        except AssertionError:
+            failures += 1
+    assert failures > 0, f"the check at {SIGNIFICANCE} missed the mutant"
