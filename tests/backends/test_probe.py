@@ -178,3 +178,16 @@ def test_auto_times_stand_ins_and_makes_no_runtime_form(model_dir, tmp_path, cap
     assert chosen in ("int8", "int4")
     assert "target runtime auto" in capsys.readouterr().err
     assert not (cache / "int8").exists() and not (cache / "int4").exists()
+
+
+def test_the_interpreter_is_known_by_its_real_path(monkeypatch, tmp_path):
+    """`specdec` (its shebang names python3.11) and `python -m specdec` (python, a link to
+    it) are one interpreter: one verdict, not two measurements."""
+    import os
+    import sys
+
+    link = tmp_path / "python"
+    os.symlink(os.path.realpath(sys.executable), link)
+    real = probe.machine_key()
+    monkeypatch.setattr(sys, "executable", str(link))
+    assert probe.machine_key() == real

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -50,7 +51,10 @@ def machine_key() -> str:
         version = importlib.metadata.version("llama-cpp-python")
     except importlib.metadata.PackageNotFoundError:
         version = "absent"
-    text = f"{cpu_name()}|{','.join(cpu_flags())}|{version}|{sys.executable}"
+    # the interpreter by its real path: the `specdec` script's shebang and `python` name the
+    # same one by different links (and measured everything twice)
+    interpreter = os.path.realpath(sys.executable)
+    text = f"{cpu_name()}|{','.join(cpu_flags())}|{version}|{interpreter}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
