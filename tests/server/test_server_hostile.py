@@ -344,3 +344,17 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(server):
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and "failed" not in run.stdout.split("SUMMARY")[-1]
+
+
+def test_a_json_schema_is_read_and_one_this_vocabulary_cannot_spell_is_a_400(server):
+    """OpenAI's json_schema shape reaches the grammar: the tiny vocabulary has no "{", so the
+    request is refused naming response_format, and the server keeps serving."""
+    schema = {"name": "thing", "schema": {"type": "object"}, "strict": True}
+    body = {"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": schema}}
+    for stream in (False, True):
+        status, payload = post(server, "/v1/completions", {**body, "stream": stream})
+        assert status == 400, payload
+        assert payload["error"]["param"] == "response_format"
+        assert "the grammar cannot go on" in payload["error"]["message"]
+    status, _ = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    assert status == 200
