@@ -7,12 +7,13 @@ With DRAWS = 2,000 requests and at most 8 cells (df <= 7), chi-square at 1e-4 re
 probability >= 0.99 whenever a marginal is off by Cohen's w >= 0.2 (noncentral chi-square,
 lambda = 80; ``test_the_sample_size_detects_the_stated_effect`` in
 ``test_engine_statistical.py`` computes it for df = 31, which needs more). The drafts are
-another model's, sampled from its unmasked rows, 40% of first drafts forbidden: the path
-where verification rejects a forbidden draft is taken all the time. Two injected mutants
-must be caught: rows left unmasked, and a forbidden draft cut off before verification (its
-row then samples the bonus from p instead of the residual: biased whenever the drafter's
-allowed tokens are shaped unlike the target's; w = 0.43 on this pair,
-``test_the_sample_size_detects_the_cut_mutant``).
+another model's, drawn from its rows masked by the grammar (the default) or from its raw
+rows, where 40% of first drafts are forbidden and verification must reject them. Three
+injected mutants must be caught: rows left unmasked; a forbidden draft cut off before
+verification (its row then samples the bonus from p instead of the residual: biased
+whenever the drafter's allowed tokens are shaped unlike the target's); a draft drawn from
+the masked row but verified against the raw one (accepted too often). Their effect sizes on
+this pair are worked out in ``test_the_sample_size_detects_the_mutants``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import pytest
 import torch
 from scipy import stats
 
-import specdec.grammar
 from helpers import (
     CHARS,
     SIGNIFICANCE,
@@ -38,7 +38,9 @@ from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends.quant.convert import make_int8_batch_invariant
 from specdec.config import Constraint
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
+from specdec.engine import Run
 from specdec.grammar import Grammar
+from specdec.sampling import Sampler
 
 START = [3, 1, 4, 1, 5]
 DRAWS = 2000
@@ -162,8 +164,14 @@ def drafted_forbidden(pair) -> float:
     return 1.0 - float(q[ALLOWED].sum())
 
 
+@pytest.mark.parametrize("masked", [True, False], ids=["drafts masked", "drafts unmasked"])
 @pytest.mark.parametrize("verification", ["rejection", "coupled"])
-def test_constrained_speculative_sampling_follows_the_constrained_target(pair, verification):
+def test_constrained_speculative_sampling_follows_the_constrained_target(
+    pair, verification, masked, monkeypatch
+):
+    """Drafts drawn from the grammar-masked draft rows (the default), and from the raw ones,
+    where forbidden drafts are common and verification must reject them."""
+    monkeypatch.setattr(Run, "mask_drafts", masked)
     assert drafted_forbidden(pair) > 0.3, "forbidden drafts must be common, or that path is idle"
     counts = sample(pair, SpecConfig(k=2, verification=verification), verification == "coupled")
     assert counts.sum() == 2 * DRAWS  # every output is two letters
@@ -183,36 +191,58 @@ def _cut_before_forbidden(self, draft_ids, logits):
 
 
 ORIGINAL_MASK = Grammar.mask
+ORIGINAL_PICK = Sampler.pick
 
 
-def test_the_sample_size_detects_the_cut_mutant(pair):
-    """The cut mutant's first token, worked out: with Qa the draft's mass on a-h, p the
-    masked target and r the residual max(p - q, 0) normalised, it emits
-    p + (1 - Qa) (p - r). Its effect size w on this pair, and the power of the check."""
+def _draft_q_unmasked(self, logits, position=None):
+    token_id, probs = ORIGINAL_PICK(self, logits, position)
+    if probs is None or self.draft_mask is None:
+        return token_id, probs
+    return token_id, self.probs(logits.unsqueeze(0))[0]  # drawn masked, reported raw
+
+
+def test_the_sample_size_detects_the_mutants(pair):
+    """Two mutants' first token, worked out: with Qa the draft's mass on a-h, p the masked
+    target and r the residual max(p - q, 0) normalised, the cut mutant emits
+    p + (1 - Qa) (p - r); the raw-q mutant q' min(1, p / q) + (1 - sum of it) r. Their
+    effect sizes w on this pair, and the power of the check."""
     target, draft = pair
     with torch.inference_mode():
         q = torch.softmax(draft(torch.tensor([START])).logits[0, -1], -1).double().numpy()
     p = constrained_marginals(target)[0].astype(float)
     residual = np.maximum(p - q, 0)
     residual /= residual.sum()
-    mutant = p + (1 - q[ALLOWED].sum()) * (p - residual)
-    w = float(np.sqrt(((mutant - p)[ALLOWED] ** 2 / p[ALLOWED]).sum()))
+    cut = p + (1 - q[ALLOWED].sum()) * (p - residual)
+    # drafts drawn from the masked q' but verified against the raw q: accepted with
+    # min(1, p / q) > min(1, p / q'), the residual still max(p - q, 0)
+    masked = np.zeros_like(q)
+    masked[ALLOWED] = q[ALLOWED] / q[ALLOWED].sum()
+    accepted = masked * np.minimum(1.0, p / q)
+    wrong_q = accepted + (1 - accepted.sum()) * residual
     df = len(ALLOWED) - 1
-    power = stats.ncx2.sf(stats.chi2.isf(SIGNIFICANCE, df), df, DRAWS * w**2)
-    assert w >= 0.2 and power >= 0.99, (w, power)
+    for mutant in (cut, wrong_q):
+        w = float(np.sqrt(((mutant - p)[ALLOWED] ** 2 / p[ALLOWED]).sum()))
+        power = stats.ncx2.sf(stats.chi2.isf(SIGNIFICANCE, df), df, DRAWS * w**2)
+        assert w >= 0.2 and power >= 0.99, (w, power)
 
 
-MUTANTS = {
+MUTANTS = {  # what is replaced, and whether drafts are masked
     # rows left unmasked (the grammar still follows the tokens, refusing none)
-    "unmasked rows": {"mask": _unmasked, "advance": lambda self, token_ids: len(token_ids)},
-    "forbidden draft cut": {"mask": _cut_before_forbidden},
+    "unmasked rows": (
+        [(Grammar, "mask", _unmasked), (Grammar, "advance", lambda self, ids: len(ids))],
+        False,
+    ),
+    "forbidden draft cut": ([(Grammar, "mask", _cut_before_forbidden)], False),
+    "masked draft verified as raw": ([(Sampler, "pick", _draft_q_unmasked)], True),
 }
 
 
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_the_statistical_check_catches_mutants(pair, monkeypatch, mutant):
-    for name, replacement in MUTANTS[mutant].items():
-        monkeypatch.setattr(specdec.grammar.Grammar, name, replacement)
+    replacements, masked = MUTANTS[mutant]
+    for owner, name, replacement in replacements:
+        monkeypatch.setattr(owner, name, replacement)
+    monkeypatch.setattr(Run, "mask_drafts", masked)
     counts = sample(pair, SpecConfig(k=2, verification="rejection"), seeded=False)
     failures = 0
     for position, expected in enumerate(constrained_marginals(pair[0])):

@@ -163,6 +163,10 @@ class Run:
     """The state of one request: its context, generator, stats, text and drafting (the
     drafter, its k policy and what the drafter has followed: ``speculation.Speculation``)."""
 
+    # A request's grammar masks the rows its drafter draws from as well as the target's (the
+    # statistical tests turn this off to send forbidden drafts through verification).
+    mask_drafts = True
+
     def __init__(
         self,
         engine: Engine,
@@ -307,7 +311,15 @@ class Run:
     def _drafting(self, k: int) -> Drafting:
         if k <= 0:
             return Proposal([])
-        proposal = yield from self.speculation.drafting(self.context, k, self.sampler)
+        if self.grammar is None or not self.mask_drafts:
+            proposal = yield from self.speculation.drafting(self.context, k, self.sampler)
+        else:  # drafts drawn from rows the grammar masks, its state rolled back after
+            mask = self.sampler.draft_mask = self.grammar.drafts(len(self.context))
+            try:
+                proposal = yield from self.speculation.drafting(self.context, k, self.sampler)
+            finally:
+                mask.end()
+                self.sampler.draft_mask = None
         assert len(proposal.token_ids) <= k, "drafter proposed more than k tokens"
         return proposal
 

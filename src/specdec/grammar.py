@@ -13,8 +13,11 @@ follows the target's distribution restricted to what the grammar allows and reno
 the same as plain constrained decoding. A draft the grammar forbids has probability 0
 under its masked row, so verification rejects it whatever drafted it; rows after it are
 never reached. Drafts need no mask of their own for this (modified rejection sampling is
-exact for any draft distribution); unmasked they are only accepted less often. The state
-advances by the emitted tokens only: drafts are tried and rolled back.
+exact for any draft distribution, given the one each draft was drawn from), but unmasked
+they are accepted less often: a drafter that samples through the request's ``Sampler``
+(the model, the heads) draws from its rows masked the same way (``DraftMask``), and
+verification gets that masked distribution. The state advances by the emitted tokens only:
+drafts are tried and rolled back.
 
 Forced tokens: where the grammar allows one token only, ``forced()`` gives it (and the run
 after it); proposed as drafts with q = 1 they are certain to be accepted, at no draft cost.
@@ -165,6 +168,12 @@ class Grammar:
         masked = logits[: len(rows)].float().masked_fill(~allowed, float("-inf"))
         return len(rows) - 1, masked
 
+    def drafts(self, start: int) -> DraftMask:
+        """The mask of a round's drafts from sequence position ``start`` (the context's
+        length) on (``sampling.Sampler.draft_mask``); ``DraftMask.end`` rolls back what the
+        drafts advanced."""
+        return DraftMask(self, start)
+
     def advance(self, token_ids: Sequence[int]) -> int:
         """Follow the emitted tokens (each drawn from a masked row): how many of them the
         output keeps, all but those after the grammar has ended (the row after its end is
@@ -183,3 +192,47 @@ class Grammar:
     def done(self) -> bool:
         """Whether the grammar is complete and allows nothing more."""
         return bool(self.matcher.is_stopped())
+
+
+class DraftMask:
+    """A round's drafts drawn from rows the grammar masks (q = 0 where it forbids): each
+    draft is followed as it is drawn, so the next row is masked by the state after it; a
+    member of a chain that starts again from the first draft rolls back. A row it cannot
+    say anything of (a draft before it not drawn through it, or past the grammar's end or an
+    EOS) is left as the drafter gave it. Exact either way: verification uses the very
+    distribution each draft was drawn from, masked or not."""
+
+    def __init__(self, grammar: Grammar, start: int):
+        self.grammar, self.start = grammar, start
+        self.followed = 0  # drafts consumed by the grammar, from ``start``
+        self.ended = False  # an EOS or the grammar's end drawn: nothing more to follow
+        self._last: torch.Tensor | None = None  # the last mask given, at ``followed``
+
+    def allowed(self, position: int) -> torch.Tensor | None:
+        offset = position - self.start
+        if 0 <= offset < self.followed:  # drafting again from an earlier draft
+            self.grammar.matcher.rollback(self.followed - offset)
+            self.followed, self.ended = offset, False
+        self._last = None
+        if offset != self.followed or self.ended:
+            return None
+        self._last = self.grammar._allowed()
+        return self._last
+
+    def picked(self, position: int, token_id: int) -> None:
+        last, self._last = self._last, None
+        if last is None or position - self.start != self.followed or not bool(last[token_id]):
+            return  # not drawn from the mask: nothing to follow
+        if token_id in self.grammar.eos:
+            self.ended = True  # llguidance cannot roll an EOS back: never consumed
+            return
+        self.grammar.matcher.consume_token(token_id)
+        self.grammar._check()
+        self.followed += 1
+        self.ended = self.grammar.done()
+
+    def end(self) -> None:
+        """Back to the state at ``start``: verification masks from there."""
+        if self.followed:
+            self.grammar.matcher.rollback(self.followed)
+        self.followed, self.ended, self._last = 0, False, None

@@ -7,6 +7,8 @@ and ``target_probs`` to be the distribution plain decoding would sample from.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import torch
 
@@ -145,6 +147,9 @@ class Sampler:
         coupled: bool = False,
     ):
         self.params = params
+        # A request's grammar while its drafter drafts (``grammar.DraftMask``): the rows
+        # ``pick`` draws drafts from are masked by it.
+        self.draft_mask: DraftMask | None = None
         self.generator = generator if generator is not None else make_generator(params.seed)
         self.coupled = coupled and not params.greedy
         # A coupled request without a seed still needs one key for all its positions.
@@ -178,7 +183,21 @@ class Sampler:
     ) -> tuple[int, torch.Tensor | None]:
         """A token for sequence ``position`` from one row of logits, and the distribution it
         came from (None when greedy, where the choice is a point mass on the argmax).
-        logits  # [vocab]. Coupled sampling needs the position."""
+        logits  # [vocab]. Coupled sampling needs the position. With a ``draft_mask``, the
+        row is restricted to what it allows there (unless that leaves no finite logit), and
+        the distribution returned is the restricted one the token was drawn from."""
+        mask = None
+        if self.draft_mask is not None and position is not None:
+            mask = self.draft_mask.allowed(position)
+        if mask is not None:
+            masked = logits.float().masked_fill(~mask, float("-inf"))
+            logits = masked if bool(torch.isfinite(masked).any()) else logits
+        token_id, probs = self._pick(logits, position)
+        if self.draft_mask is not None and position is not None:
+            self.draft_mask.picked(position, token_id)
+        return token_id, probs
+
+    def _pick(self, logits: torch.Tensor, position: int | None) -> tuple[int, torch.Tensor | None]:
         if self.greedy:
             return int(logits.argmax().item()), None
         probs = self.probs(logits.unsqueeze(0))[0]
@@ -186,3 +205,15 @@ class Sampler:
             assert position is not None, "coupled sampling is keyed by the sequence position"
             return int(race(probs, self._position_noise(position, probs.shape[0]))), probs
         return sample(probs, self.generator), probs
+
+
+class DraftMask(Protocol):
+    """What a grammar allows a draft at each sequence position (``grammar.Grammar.drafts``)."""
+
+    def allowed(self, position: int) -> torch.Tensor | None:
+        """[vocab] bool, or None where it cannot say (the drafts before it not followed)."""
+        ...
+
+    def picked(self, position: int, token_id: int) -> None:
+        """The draft drawn at ``position``: followed, so that the next one is masked."""
+        ...
