@@ -2,6 +2,7 @@
 full forward pass, and bit for bit between speculative and plain decoding on the
 batch-invariant int8 and int4 runtimes."""
 
+import copy
 import math
 
 import pytest
@@ -79,7 +80,8 @@ def test_a_stop_string_cuts_the_logprobs_with_the_tokens(target_model, tokenizer
 def test_speculative_logprobs_equal_plain_bit_for_bit(target_model, draft_model, convert, k):
     """On the batch-invariant runtimes a verify pass's rows are the plain steps' rows, so
     the values (and the top lists) are the same floats, greedy and with coupled sampling."""
-    target, draft = convert(target_model), convert(draft_model)
+    # on copies: the conversion changes a model in place, and these are the session's
+    target, draft = convert(copy.deepcopy(target_model)), convert(copy.deepcopy(draft_model))
     plain = Engine(backend(target))
     speculative = Engine(backend(target), ModelDrafter(backend(draft)))
     for params in (
