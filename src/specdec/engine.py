@@ -297,12 +297,7 @@ class Run:
         catches up on the text later)."""
         if self.grammar is None or not self.forced_drafts:
             return None
-        limit = self.params.max_tokens - len(self.generated) - 1
-        if max_k is not None:
-            limit = min(limit, max_k)
-        if self.target.max_length is not None:
-            limit = min(limit, self.target.max_length - len(self.context) - 1)
-        forced = self.grammar.forced()[: max(limit, 0)]
+        forced = self.grammar.forced()[: max(self._room(max_k), 0)]
         if not forced:
             return None
         self.speculation.begin(0, self.stats.rounds)
@@ -324,15 +319,17 @@ class Run:
         return proposal
 
     def _draft_k(self, max_k: int | None) -> int:
-        remaining = self.params.max_tokens - len(self.generated)
-        k = self.speculation.choose_k()
+        return min(self.speculation.choose_k(), self._room(max_k))
+
+    def _room(self, max_k: int | None) -> int:
+        """The most drafts this round may hold: a round emits up to k + 1 tokens, so never
+        past max_tokens or the context, nor past ``max_k`` (a batch's share)."""
+        room = self.params.max_tokens - len(self.generated) - 1
         if max_k is not None:
-            k = min(k, max_k)
-        # A round emits up to k + 1 tokens; never draft past max_tokens or the context.
-        k = min(k, remaining - 1)
+            room = min(room, max_k)
         if self.target.max_length is not None:
-            k = min(k, self.target.max_length - len(self.context) - 1)
-        return k
+            room = min(room, self.target.max_length - len(self.context) - 1)
+        return room
 
     def _verify(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
         token_ids, draft_probs = proposal.token_ids, proposal.draft_probs

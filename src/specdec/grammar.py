@@ -94,9 +94,8 @@ def _grammar_text(constraint: Constraint) -> str:
     return LLMatcher.grammar_from_lark(constraint.source)
 
 
-def _first_line(error: object) -> str:
-    """llguidance's message, without the dump of the parser's state that follows it, on
-    one line."""
+def _message(error: object) -> str:
+    """llguidance's message on one line, without the dump of the parser's state after it."""
     lines = []
     for line in str(error).strip().splitlines():
         if line.startswith("<state>"):
@@ -125,10 +124,10 @@ class Grammar:
         try:
             text = _grammar_text(constraint)
         except ValueError as error:  # llguidance's own message names what it could not read
-            raise ValueError(f"constraint: {_first_line(error)}") from None
+            raise ValueError(f"constraint: {_message(error)}") from None
         self.matcher = LLMatcher(ll_tokenizer, text, log_level=0)
         if self.matcher.is_error():
-            raise ValueError(f"constraint: {_first_line(self.matcher.get_error())}")
+            raise ValueError(f"constraint: {_message(self.matcher.get_error())}")
 
     def _allowed(self) -> torch.Tensor:
         """What the grammar allows next  # [vocab] bool. Past its end (its last token or
@@ -142,7 +141,7 @@ class Grammar:
 
     def _check(self) -> None:
         if self.matcher.is_error():  # e.g. a grammar this vocabulary cannot spell
-            error = _first_line(self.matcher.get_error())
+            error = _message(self.matcher.get_error())
             raise ValueError(f"constraint: the grammar cannot go on: {error}")
 
     def mask(self, draft_ids: Sequence[int], logits: torch.Tensor) -> tuple[int, torch.Tensor]:

@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.server.guard import error_response
+from specdec.server.guard import error_body, error_response
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import ServerStopping
 
@@ -35,15 +35,8 @@ class ApiError(Exception):
         self.kind, self.headers = kind, headers
 
     def body(self) -> dict:
-        """OpenAI's error shape (``guard.error_response`` sends it as a response)."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        """OpenAI's error shape (``response`` sends it)."""
+        return error_body(self.message, self.param, self.code, self.kind)
 
     def response(self) -> Response:
         return error_response(

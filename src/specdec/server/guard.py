@@ -31,9 +31,15 @@ def error_response(
     kind: str = "invalid_request_error",
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    """An error body shaped as OpenAI's API shapes it."""
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    """An error response shaped as OpenAI's API shapes it."""
+    return JSONResponse(error_body(message, param, code, kind), status_code=status, headers=headers)
+
+
+def error_body(
+    message: str, param: str | None, code: str | None, kind: str = "invalid_request_error"
+) -> dict:
+    """OpenAI's error body: ``{"error": {message, type, param, code}}``."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 class Guard:
