@@ -390,6 +390,52 @@ def test_draft_runtime_auto_uses_llamacpp_only_when_its_self_test_passes(
     assert choose_draft("transformers", "qwen2.5-coder-0.5b-instruct") == "transformers"
 
 
+@pytest.mark.parametrize("llamacpp_ms", [11.0, 19.0])
+def test_the_llamacpp_file_made_only_to_time_the_draft_is_removed_when_it_loses(
+    monkeypatch, tmp_path, capsys, llamacpp_ms
+):
+    """Issue 49: a Q4_0 copy of the draft made to time llama.cpp stays only if llama.cpp is
+    chosen, and a run with a cached verdict assembles no GGUF at all."""
+    import importlib.util
+
+    from specdec import models
+    from specdec import runtime as choosing
+    from specdec.backends import probe, runtime_choice
+    from specdec.backends.quant import kernels
+    from specdec.runtime import Runtime
+    from specdec.runtime import choose_draft_runtime as choose_draft
+
+    draft = "qwen2.5-coder-0.5b-instruct"
+    q4_0 = models.gguf_path(models.lookup(draft), tmp_path, "q4_0")
+    assembled = []
+
+    def ensure_gguf(entry, root, *rest):
+        assembled.append(entry.name)
+        return tmp_path / "d.gguf"
+
+    def load(runtime, spec, cache_dir, progress):  # llama.cpp's load makes its file
+        if runtime.library == "llamacpp":
+            q4_0.parent.mkdir(parents=True, exist_ok=True)
+            q4_0.write_bytes(b"GGUF")
+        return runtime.name
+
+    monkeypatch.setattr(kernels, "kernel", lambda: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(models, "ensure_gguf", ensure_gguf)
+    monkeypatch.setattr(probe, "run_probe", lambda gguf, command: probe.ProbeResult(True, "ok"))
+    measured = {"int8": 21.0, "int4": 15.0, "llamacpp:q4_0": llamacpp_ms}
+    monkeypatch.setattr(Runtime, "load", load)
+    monkeypatch.setattr(choosing, "stand_in_backend", lambda spec, runtime, *rest: runtime)
+    monkeypatch.setattr(runtime_choice, "step_ms", lambda loaded: measured[loaded])
+    wins = llamacpp_ms < measured["int4"]
+    assert choose_draft("auto", draft, str(tmp_path)) == ("llamacpp:q4_0" if wins else "int4")
+    assert q4_0.is_file() == wins
+    assert assembled == [draft]  # for llama.cpp's self-test, once
+    assert choose_draft("auto", draft, str(tmp_path)) == ("llamacpp:q4_0" if wins else "int4")
+    assert assembled == [draft]  # the verdicts cached: no model file read
+    assert q4_0.is_file() == wins
+
+
 def test_a_seeded_sampled_run_reproduces_and_compares_identical(model_dirs, capsys):
     """The reproducibility contract through the CLI: -k auto, temperature 0.8, a seed."""
     target, draft = model_dirs

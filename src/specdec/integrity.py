@@ -120,6 +120,12 @@ def stamped_intact(path: Path, progress: Progress | None = None) -> bool | None:
     return file_digest(path, progress) == digest
 
 
+def remove_stamped(path: Path) -> None:
+    """Remove a stamped file and its stamp (nothing when neither is there)."""
+    path.unlink(missing_ok=True)
+    _stamp_path(path).unlink(missing_ok=True)
+
+
 def say_rebuilding(path: Path, what: str) -> None:
     """The one line a damaged cache file gets before it is rebuilt."""
     sys.stderr.write(f"specdec: {path} is damaged (its checksum does not match): {what}\n")

@@ -22,6 +22,7 @@ from specdec.models import (
     form_directory,
     lookup,
     no_progress,
+    remove_gguf,
 )
 
 # int8 / int4: float32 weights loaded, then quantized by backends.quant (int8:
@@ -76,12 +77,16 @@ def _load_catalog_quantized(entry, dtype: str, root: Path, progress: Progress | 
 
     report = progress or no_progress
     files = ensure_model_files(entry, root, report)
+    built = []
 
     def build():
+        built.append(dtype)
         return build_form(ensure_gguf(entry, root, report), files, dtype, progress)
 
     directory = form_directory(entry, root, dtype)
     model = store.load_or_build(files, directory, progress, dtype, build=build)
+    if built:  # the form and the small files are all this runtime reads from now on
+        remove_gguf(entry, root)
     return HFModel(model, tokenizer_of(files))
 
 

@@ -26,6 +26,7 @@ from specdec.integrity import (
     damaged_files,
     file_lock,
     read_marker,
+    remove_stamped,
     say_rebuilding,
     stamp,
     stamped_intact,
@@ -205,7 +206,7 @@ def ensure_gguf(entry: CatalogEntry, root: Path, progress: Progress = no_progres
     (a fraction of a second a GB); one without a stamp (cached by an older specdec) is
     checked by its full sha256 once and stamped. A damaged file is assembled again.
     """
-    target = root / "gguf" / entry.gguf_name
+    target = gguf_path(entry, root)
     if target.is_file() and _gguf_intact(target, entry, progress):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -287,19 +288,36 @@ def ensure_gguf_type(
     entry: CatalogEntry, root: Path, gguf_type: str = "q4_k_m", progress: Progress = no_progress
 ) -> Path:
     """The model as a GGUF of ``gguf_type`` (q4_k_m: the catalog's own file), made once."""
-    if gguf_type not in GGUF_TYPES:
-        raise ValueError(f"GGUF type must be one of {', '.join(GGUF_TYPES)}, got {gguf_type!r}")
-    source = ensure_gguf(entry, root, progress)
+    target = gguf_path(entry, root, gguf_type)
     ftype_name = GGUF_TYPES[gguf_type]
     if ftype_name is None:
-        return source
-    target = source.with_name(f"{source.stem}.{gguf_type}.gguf")
+        return ensure_gguf(entry, root, progress)
     if target.is_file() and _requantized_intact(target, progress):
         return target  # written under a temporary name and renamed when whole
+    target.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(target.with_suffix(".lock")):
         if not (target.is_file() and stamped_intact(target, progress)):
-            _requantize(source, target, ftype_name, progress)
+            _requantize(ensure_gguf(entry, root, progress), target, ftype_name, progress)
     return target
+
+
+def gguf_path(entry: CatalogEntry, root: Path, gguf_type: str = "q4_k_m") -> Path:
+    """Where the model's GGUF of ``gguf_type`` is kept (q4_k_m: the catalog's own file)."""
+    if gguf_type not in GGUF_TYPES:
+        raise ValueError(f"GGUF type must be one of {', '.join(GGUF_TYPES)}, got {gguf_type!r}")
+    name = entry.gguf_name if GGUF_TYPES[gguf_type] is None else f"{entry.name}.{gguf_type}.gguf"
+    return root / "gguf" / name
+
+
+def remove_gguf(entry: CatalogEntry, root: Path, gguf_type: str = "q4_k_m") -> None:
+    """Take a GGUF of the model out of the cache: a file no runtime in use reads (the
+    catalog's file once the int8 or int4 form is made from it, a Q4_0 copy made only to time
+    llama.cpp). It is made again, assembled from the installed packages and checked, or
+    requantized, the next time something reads it."""
+    path = gguf_path(entry, root, gguf_type)
+    if path.is_file():
+        with file_lock(path.with_suffix(".lock")):
+            remove_stamped(path)
 
 
 def _requantized_intact(target: Path, progress: Progress) -> bool:

@@ -15,6 +15,7 @@ import functools
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from specdec.backends.base import Backend
 from specdec.models import GGUF_TYPES
@@ -202,14 +203,16 @@ def choose_draft_runtime(
     import importlib.util
 
     from specdec.backends import runtime_choice
-    from specdec.models import CATALOG, cache_root, ensure_gguf, lookup
+    from specdec.models import CATALOG, cache_root, ensure_gguf, gguf_path, lookup, remove_gguf
 
     candidates = transformers_candidates(dtype)
     root = cache_root(cache_dir)
     if not batched and importlib.util.find_spec("llama_cpp") is not None and draft in CATALOG:
         from specdec.backends.probe import REBUILD, llamacpp_works
 
-        gguf = ensure_gguf(lookup(draft), root, *([progress] if progress else []))
+        def gguf() -> Path:  # only when the self-test has not run on this machine yet
+            return ensure_gguf(lookup(draft), root, *([progress] if progress else []))
+
         result = llamacpp_works(gguf, root / "llamacpp-probe.json")
         if result.ok:
             candidates.append("llamacpp:q4_0")
@@ -221,9 +224,14 @@ def choose_draft_runtime(
     if len(candidates) == 1:
         return candidates[0]
 
+    made: list[str] = []  # llama.cpp files made only to be timed
+
     def measure(runtime: str) -> float:
         if runtime in ("int8", "int4"):
             return runtime_choice.step_ms(stand_in_backend(draft, runtime, cache_dir, progress))
+        gguf_type = parse_runtime(runtime).precision
+        if not gguf_path(lookup(draft), root, gguf_type).is_file():
+            made.append(gguf_type)
         return runtime_choice.step_ms(parse_runtime(runtime).load(draft, cache_dir, progress))
 
     chosen, measured = runtime_choice.choose(draft, candidates, root, measure)
@@ -234,6 +242,9 @@ def choose_draft_runtime(
             margin = round(100 * (SAME_RUNTIME_MARGIN - 1))
             why += f"; the target's own {target_runtime} is within {margin}% of the fastest"
         runtime = target_runtime
+    for gguf_type in made:  # the losers' files: the verdict is cached, the files not needed
+        if runtime != f"llamacpp:{gguf_type}":
+            remove_gguf(lookup(draft), root, gguf_type)
     if measured:
         sys.stderr.write(f"specdec: draft runtime auto -> {runtime} ({why})\n")
     return runtime

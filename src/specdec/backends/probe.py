@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +76,11 @@ def run_probe(gguf: Path, command: list[str] | None = None) -> ProbeResult:
     return ProbeResult(False, f"llama.cpp's self-test failed (exit {done.returncode}): {last}")
 
 
-def llamacpp_works(gguf: Path, cache_file: Path, command: list[str] | None = None) -> ProbeResult:
-    """The cached verdict for this machine, probing once when there is none."""
+def llamacpp_works(
+    gguf: Path | Callable[[], Path], cache_file: Path, command: list[str] | None = None
+) -> ProbeResult:
+    """The cached verdict for this machine, probing once when there is none (on ``gguf``, or
+    on the file it makes when a callable: a cached verdict needs no model file)."""
     key = machine_key()
     try:
         cached = json.loads(cache_file.read_text())
@@ -84,7 +88,7 @@ def llamacpp_works(gguf: Path, cache_file: Path, command: list[str] | None = Non
         cached = {}
     if key in cached:
         return ProbeResult(**cached[key])
-    result = run_probe(gguf, command)
+    result = run_probe(gguf if isinstance(gguf, Path) else gguf(), command)
     cached[key] = {"ok": result.ok, "reason": result.reason}
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     temporary = cache_file.with_suffix(".tmp")

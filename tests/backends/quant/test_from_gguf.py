@@ -214,3 +214,35 @@ def test_a_built_form_maps_its_tables_from_the_file_and_decodes_the_same(tmp_pat
     assert ("gguf:model.embed_tokens", True) in calls  # the table now comes from the file
     assert torch.equal(HFModel(built).forward(IDS), expected)
     assert torch.equal(HFModel(store.load(tmp_path / "form")).forward(IDS), expected)
+
+
+def test_the_gguf_leaves_the_cache_once_its_form_is_made(tmp_path, monkeypatch):
+    """Issue 49: a catalog model's GGUF is read to make the int4 form, then taken out of the
+    cache (the form and the small files are all later runs read); it is assembled again only
+    for what reads it, and a later load reads the form alone."""
+    from specdec import loading, models
+
+    entry = models.lookup("qwen2.5-coder-0.5b-instruct")
+    root = tmp_path / "cache"
+    original = _tiny("qwen2")
+    files = root / "files" / entry.name
+    original.config.save_pretrained(files)
+    assembled = []
+
+    def ensure_gguf(entry, root, progress=None):  # as if assembled from the packages
+        assembled.append(entry.name)
+        path = models.gguf_path(entry, root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_gguf(original, "qwen2", path)
+        return path
+
+    monkeypatch.setattr(loading, "ensure_gguf", ensure_gguf)
+    monkeypatch.setattr(loading, "ensure_model_files", lambda entry, root, progress: files)
+    monkeypatch.setattr(loading, "tokenizer_of", lambda files: None)
+    first = loading._load_catalog_quantized(entry, "int4", root, None)
+    assert assembled == [entry.name]
+    assert not models.gguf_path(entry, root).exists()
+    assert (models.form_directory(entry, root, "int4") / store.WEIGHTS).is_file()
+    again = loading._load_catalog_quantized(entry, "int4", root, None)
+    assert assembled == [entry.name]  # the form alone
+    assert torch.equal(again.forward(IDS), first.forward(IDS))
