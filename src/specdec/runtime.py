@@ -229,10 +229,10 @@ def choose_draft_runtime(
     def measure(runtime: str) -> float:
         if runtime in ("int8", "int4"):
             return runtime_choice.step_ms(stand_in_backend(draft, runtime, cache_dir, progress))
-        gguf_type = parse_runtime(runtime).precision
-        if not gguf_path(lookup(draft), root, gguf_type).is_file():
-            made.append(gguf_type)
-        return runtime_choice.step_ms(parse_runtime(runtime).load(draft, cache_dir, progress))
+        llamacpp = parse_runtime(runtime)
+        if not gguf_path(lookup(draft), root, llamacpp.precision).is_file():
+            made.append(llamacpp.precision)
+        return runtime_choice.step_ms(llamacpp.load(draft, cache_dir, progress))
 
     chosen, measured = runtime_choice.choose(draft, candidates, root, measure)
     runtime, steps = chosen.runtime, chosen.step_ms
