@@ -55,6 +55,7 @@ class VerifyResult:
     num_accepted: int
     bonus: bool  # all drafts accepted: the last token came from target_probs[k]
     residual_fallback: bool = False  # the residual had no mass; sampled from the target
+    path: tuple[int, ...] = ()  # a tree's accepted nodes (``verify_tree``), root's child first
 
 
 def verify_greedy(

@@ -39,6 +39,7 @@ from specdec.backends.layer_stack import LayerParts, LayerStack
 from specdec.backends.quant.int4 import RowInt4Linear
 from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.backends.trim import TrimmedHead
+from specdec.tree import check, row_depths
 
 
 def supports(model: Any) -> bool:
@@ -106,6 +107,25 @@ class ModelSequence:
 
     def forward(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
         return self.source.forward_many([(self, list(token_ids), last_only)])[0]
+
+    def forward_tree(self, token_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Score a token tree in one pass: row r (``token_ids[r]``) hangs under row
+        ``parents[r]`` (-1: the cached text; a parent comes first), sits at the position of
+        its depth and attends to the cached text and its own path only, so its logits are
+        those of that path fed as a chain, bit for bit. ->  [len(token_ids), vocab_size].
+        The cache then holds every row; ``keep_path`` keeps one path."""
+        check(parents)
+        return self.source.forward_many([(self, list(token_ids), False)], parents)[0]
+
+    @torch.inference_mode()  # the caches were made in it
+    def keep_path(self, start: int, rows: Sequence[int]) -> None:
+        """After ``forward_tree`` of rows at ``start``: hold the first ``start`` positions
+        and ``rows`` (a path from the root, increasing) after them."""
+        for layer in self.layers:
+            layer.keep_path(start, rows)
+        self._ids[start:] = [self._ids[start + row] for row in rows]
+        if self._hidden is not None:
+            self._hidden[start : start + len(rows)] = self._hidden[[start + row for row in rows]]
 
     def truncate(self, n: int) -> None:
         assert 0 <= n <= len(self._ids), f"cannot keep {n} of {len(self._ids)}"
@@ -199,35 +219,44 @@ class BatchedModel:
             return []
         return [seq for seq in list(self._alive) if seq.cached_token_ids]
 
-    def forward_many(self, work: Sequence[Work]) -> list[torch.Tensor]:
+    def forward_many(
+        self, work: Sequence[Work], parents: Sequence[int] | None = None
+    ) -> list[torch.Tensor]:
         """Append each sequence's tokens to its cache; each gets logits  # [len(tokens),
         vocab_size] float32 ([1, vocab_size] when its last_only). A sequence appears at
-        most once. If the pass fails, every sequence holds what it held before."""
+        most once. If the pass fails, every sequence holds what it held before.
+        ``parents``: the rows of one sequence form a tree (``ModelSequence.forward_tree``)."""
         assert work and all(tokens for _, tokens, _ in work), "every sequence needs tokens"
         assert len({id(seq) for seq, _, _ in work}) == len(work), "a sequence appears once"
+        assert parents is None or (len(work) == 1 and len(parents) == len(work[0][1])), (
+            "a tree is one sequence's rows, a parent per row"
+        )
         held = [len(seq.cached_token_ids) for seq, _, _ in work]
         try:
-            return self._forward(work)
+            return self._forward(work, parents)
         except BaseException:
             for (seq, _, _), n in zip(work, held, strict=True):
                 seq.truncate(n)
             raise
 
     @torch.inference_mode()
-    def _forward(self, work: Sequence[Work]) -> list[torch.Tensor]:
+    def _forward(self, work: Sequence[Work], parents: Sequence[int] | None) -> list[torch.Tensor]:
         ids = [t for _, tokens, _ in work for t in tokens]
-        positions = [
-            p
-            for seq, tokens, _ in work
-            for p in range(len(seq.cached_token_ids), len(seq.cached_token_ids) + len(tokens))
-        ]
+        if parents is None:
+            positions = [
+                p
+                for seq, tokens, _ in work
+                for p in range(len(seq.cached_token_ids), len(seq.cached_token_ids) + len(tokens))
+            ]
+        else:  # a tree's rows sit at the positions of their depths
+            positions = [len(work[0][0].cached_token_ids) + d for d in row_depths(parents)]
         starts = [0]
         for _, tokens, _ in work:
             starts.append(starts[-1] + len(tokens))
         hidden = self.embed_tokens(torch.tensor([ids], dtype=torch.long))
         rotary = self.rotary_emb(hidden, torch.tensor([positions], dtype=torch.long))
         segments = [(seq.layers, starts[i], starts[i + 1]) for i, (seq, _, _) in enumerate(work)]
-        hidden = self.norm(self.stack.forward(hidden[0], rotary, segments).unsqueeze(0))
+        hidden = self.norm(self.stack.forward(hidden[0], rotary, segments, parents).unsqueeze(0))
         rows = [
             row
             for i, (_, _, last_only) in enumerate(work)

@@ -12,6 +12,8 @@ numbers either way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 MIN_CAPACITY = 256  # positions a buffer starts with; it doubles when full
@@ -57,6 +59,18 @@ class KVBuffer:
     def crop(self, n: int) -> None:
         """Hold the first ``n`` positions (at most the held ones)."""
         self.length = min(self.length, max(n, 0))
+
+    def keep_path(self, start: int, rows: Sequence[int]) -> None:
+        """Hold the first ``start`` positions and then those at ``start + r`` for each of
+        ``rows`` (increasing, ``rows[j] >= j``), moved to ``start + j``: a draft tree's
+        accepted path, its other nodes dropped."""
+        assert self._keys is not None and self._values is not None
+        assert start + (rows[-1] if rows else -1) < self.length, "rows the buffer holds"
+        for j, row in enumerate(rows):
+            if row != j:
+                self._keys[:, :, start + j] = self._keys[:, :, start + row]
+                self._values[:, :, start + j] = self._values[:, :, start + row]
+        self.length = start + len(rows)
 
     def copy_prefix(self, donor: KVBuffer, n: int) -> None:
         """Hold a copy of the first ``n`` positions of ``donor`` (which goes on changing)."""

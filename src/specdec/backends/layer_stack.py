@@ -147,9 +147,13 @@ class LayerStack:
         hidden: torch.Tensor,  # [rows, hidden] float32: every sequence's new rows, in order
         position_embeddings: tuple[torch.Tensor, torch.Tensor],  # cos, sin  # [1, rows, dim]
         segments: Sequence[tuple[Sequence[Any], int, int]],  # (its KVBuffers, first, end row)
+        parents: Sequence[int] | None = None,  # a draft tree's: per row, within its sequence
     ) -> torch.Tensor:
         """The last layer's output  # [rows, hidden]; each sequence's new keys and values
-        are then held in its buffers. If the kernel fails, the buffers hold what they held."""
+        are then held in its buffers. If the kernel fails, the buffers hold what they held.
+        ``parents`` (one per row: the row of its sequence it hangs under, -1 for the held
+        prefix): each row attends to the prefix and its own path of rows only (a draft
+        tree, ``specdec.tree``); None: every row is causal."""
         cos, sin = (t.reshape(hidden.shape[0], -1).contiguous() for t in position_embeddings)
         like = torch.empty(1, self.kv_heads, 0, self.head_dim)
         keys, values, held = [], [], []
@@ -163,7 +167,7 @@ class LayerStack:
                 values.append(value_buffer)
         starts = [start for _, start, _ in segments] + [segments[-1][2]]
         out = self._kernel_stack().forward(
-            hidden.contiguous(), cos, sin, starts, held, keys, values
+            hidden.contiguous(), cos, sin, starts, held, keys, values, list(parents or [])
         )
         for (caches, start, end), length in zip(segments, held, strict=True):
             for cache in caches:

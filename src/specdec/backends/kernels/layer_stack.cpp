@@ -34,7 +34,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul(torch::Tensor gate_up);
 void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor causal_attention(torch::Tensor query, torch::Tensor keys, torch::Tensor values,
-                               double scaling);
+                               double scaling, std::vector<int64_t> parents);
 int64_t int4_best_path();
 
 namespace {
@@ -98,10 +98,14 @@ class LayerStack {
   // cos, sin  # [rows, head_dim]; starts  # [segments + 1]: sequence s has rows starts[s] ..
   // starts[s + 1] - 1 and held[s] positions in its buffers keys[s * layers + l],
   // values[...]  # [1, kv_heads, capacity, head_dim], with room for its new rows (written
-  // here; the caller then counts them held). ->  the last layer's output  # [rows, hidden]
+  // here; the caller then counts them held). parents: empty (every row causal), or one per
+  // row, the row within its sequence's rows it hangs under (-1: the held prefix): a draft
+  // tree's rows, each attending to the prefix and its own path (row_ops.cpp).
+  // ->  the last layer's output  # [rows, hidden]
   torch::Tensor forward(torch::Tensor hidden, torch::Tensor cos, torch::Tensor sin,
                         std::vector<int64_t> starts, std::vector<int64_t> held,
-                        std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values) const {
+                        std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
+                        std::vector<int64_t> parents) const {
     // Python threads run on while an int4 pass does (ATen needs no GIL); a pass that calls
     // products back in Python keeps it rather than taking it again 4 times a layer.
     std::optional<pybind11::gil_scoped_release> released;
@@ -113,6 +117,8 @@ class LayerStack {
     TORCH_CHECK(static_cast<int64_t>(starts.size()) == segments + 1 && starts[0] == 0 &&
                     starts[segments] == rows,
                 "starts: one per sequence and the row count");
+    TORCH_CHECK(parents.empty() || static_cast<int64_t>(parents.size()) == rows,
+                "parents: none, or one per row");
     TORCH_CHECK(static_cast<int64_t>(keys.size()) == segments * layers &&
                     values.size() == keys.size(),
                 "a key and a value buffer per sequence and layer");
@@ -146,8 +152,10 @@ class LayerStack {
         const torch::Tensor k_buffer = keys[s * layers + l][0], v_buffer = values[s * layers + l][0];
         k_buffer.narrow(1, held[s], n).copy_(key.narrow(0, first, n).transpose(0, 1));
         v_buffer.narrow(1, held[s], n).copy_(value.narrow(0, first, n).transpose(0, 1));
+        std::vector<int64_t> tree;
+        if (!parents.empty()) tree.assign(parents.begin() + first, parents.begin() + first + n);
         outs.push_back(causal_attention(query.narrow(0, first, n), k_buffer.narrow(1, 0, end),
-                                        v_buffer.narrow(1, 0, end), scaling_));
+                                        v_buffer.narrow(1, 0, end), scaling_, tree));
       }
       const torch::Tensor attended =
           (outs.size() == 1 ? outs[0] : at::cat(outs, 0)).reshape({rows, q_size}).contiguous();
@@ -176,7 +184,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMS norm of each row");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of each row of [gate, up]");
   m.def("rope_", &rope_, "rotary embedding of each row's heads, in place");
-  m.def("causal_attention", &causal_attention, "causal attention of each query row");
+  m.def("causal_attention", &causal_attention, "causal (or draft tree) attention of each query row",
+        pybind11::arg("query"), pybind11::arg("keys"), pybind11::arg("values"),
+        pybind11::arg("scaling"), pybind11::arg("parents") = std::vector<int64_t>());
   pybind11::class_<LayerStack>(m, "LayerStack")
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<double>, std::vector<int64_t>,
                           std::vector<pybind11::object>, int64_t, int64_t, int64_t, double>())

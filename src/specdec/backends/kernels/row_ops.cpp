@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -125,33 +126,39 @@ SPECDEC_CLONES void rope_head(float* x, const float* cos, const float* sin, int6
   for (int64_t j = 0; j < d; ++j) x[j] = x[j] * cos[j] + rotated[j] * sin[j];
 }
 
-// The query rows of the `group` heads that share one kv head, at one position, over keys
-// and values 0..end-1: softmax(q.k * scaling) v for each. Each key and value row is read once
-// for the group; each head's numbers are computed in the same order whatever the group.
+// The query rows of the `group` heads that share one kv head, at one position, over its
+// `end` visible keys and values: softmax(q.k * scaling) v for each. The visible keys are the
+// buffer's first `held`, then (a row of a draft tree) `path`'s rows after them: its
+// ancestors' and its own, root first; a causal row has held = end and no path. Each key and
+// value row is read once for the group; each head's numbers are computed in the same order
+// whatever the group and wherever its keys lie, so a tree row's numbers are those of the same
+// path's row computed as a chain, bit for bit.
 SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
-                           const float* values, int64_t end, int64_t d, float scaling,
-                           float* scores, float* out) {
+                           const float* values, int64_t end, int64_t held, const int64_t* path,
+                           int64_t d, float scaling, float* scores, float* out) {
+  const auto at = [held, path](int64_t j) { return j < held ? j : held + path[j - held]; };
   // q.k for four keys at a time: four independent chains of sums, each key's the same.
   int64_t j = 0;
   for (; j + 4 <= end; j += 4) {
-    const float* key = keys + j * d;
+    const float* key4[4] = {keys + at(j) * d, keys + at(j + 1) * d, keys + at(j + 2) * d,
+                            keys + at(j + 3) * d};
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * d;
       float acc[4][kLanes] = {};
       int64_t i = 0;
       for (; i + kLanes <= d; i += kLanes) {
         for (int k = 0; k < 4; ++k) {
-          for (int l = 0; l < kLanes; ++l) acc[k][l] += qg[i + l] * key[k * d + i + l];
+          for (int l = 0; l < kLanes; ++l) acc[k][l] += qg[i + l] * key4[k][i + l];
         }
       }
       for (; i < d; ++i) {
-        for (int k = 0; k < 4; ++k) acc[k][i % kLanes] += qg[i] * key[k * d + i];
+        for (int k = 0; k < 4; ++k) acc[k][i % kLanes] += qg[i] * key4[k][i];
       }
       for (int k = 0; k < 4; ++k) scores[g * end + j + k] = lane_sum(acc[k]) * scaling;
     }
   }
   for (; j < end; ++j) {
-    const float* key = keys + j * d;
+    const float* key = keys + at(j) * d;
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * d;
       float acc[kLanes] = {};
@@ -176,7 +183,8 @@ SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
     for (int64_t i = 0; i < d; ++i) o[i] = 0.0f;
     int64_t j = 0;
     for (; j + 4 <= end; j += 4) {  // four keys a sweep: the same sums, in the same order
-      const float *v0 = values + j * d, *v1 = v0 + d, *v2 = v1 + d, *v3 = v2 + d;
+      const float *v0 = values + at(j) * d, *v1 = values + at(j + 1) * d,
+                  *v2 = values + at(j + 2) * d, *v3 = values + at(j + 3) * d;
       const float p0 = s[j], p1 = s[j + 1], p2 = s[j + 2], p3 = s[j + 3];
       for (int64_t i = 0; i < d; ++i) {
         o[i] = (((o[i] + p0 * v0[i]) + p1 * v1[i]) + p2 * v2[i]) + p3 * v3[i];
@@ -184,7 +192,7 @@ SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
     }
     for (; j < end; ++j) {
       const float p = s[j];
-      const float* v = values + j * d;
+      const float* v = values + at(j) * d;
       for (int64_t i = 0; i < d; ++i) o[i] = o[i] + p * v[i];
     }
     const float inverse = 1.0f / total;
@@ -248,10 +256,12 @@ void rope_(at::Tensor x, at::Tensor cos, at::Tensor sin) {
 }
 
 // query  # [rows, heads, d]; keys, values  # [kv_heads, positions, d], the last `rows`
-// positions being the rows' own. Row i attends to positions 0 .. positions - rows + i.
-// ->  [rows, heads, d]
+// positions being the rows' own. Row i attends to positions 0 .. positions - rows + i; or,
+// given `parents` (one per row: the row it hangs under, -1 for the prefix's last position;
+// a parent comes before its children), to the prefix and its own path of rows: a draft
+// tree's rows, each as its path would be computed as a chain. ->  [rows, heads, d]
 at::Tensor causal_attention(at::Tensor query, at::Tensor keys, at::Tensor values,
-                               double scaling) {
+                            double scaling, std::vector<int64_t> parents) {
   TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat, "query: [rows, heads, d]");
   TORCH_CHECK(keys.dim() == 3 && keys.scalar_type() == at::kFloat &&
                   values.sizes() == keys.sizes() && values.scalar_type() == at::kFloat,
@@ -268,6 +278,23 @@ at::Tensor causal_attention(at::Tensor query, at::Tensor keys, at::Tensor values
   const int64_t k_stride = k.stride(0), v_stride = v.stride(0);
   TORCH_CHECK(k.size(2) == d && heads % kv_heads == 0, "head sizes do not match");
   TORCH_CHECK(positions >= rows, "the cache must hold the rows' own positions");
+  const int64_t held = positions - rows;
+  // A tree's paths: row r's rows, root first, at paths[r * rows ...], lengths[r] of them.
+  std::vector<int64_t> paths, lengths;
+  if (!parents.empty()) {
+    TORCH_CHECK(static_cast<int64_t>(parents.size()) == rows, "parents: one per row");
+    paths.assign(rows * rows, 0);
+    lengths.assign(rows, 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t parent = parents[r];
+      TORCH_CHECK(parent >= -1 && parent < r, "parents: -1 or an earlier row");
+      if (parent >= 0) {
+        std::copy_n(paths.begin() + parent * rows, lengths[parent], paths.begin() + r * rows);
+        lengths[r] = lengths[parent];
+      }
+      paths[r * rows + lengths[r]++] = r;
+    }
+  }
   const int64_t group = heads / kv_heads;
   at::Tensor out = at::empty({rows, heads, d}, q.options());
   const float *qd = q.data_ptr<float>(), *kd = k.data_ptr<float>(), *vd = v.data_ptr<float>();
@@ -276,9 +303,11 @@ at::Tensor causal_attention(at::Tensor query, at::Tensor keys, at::Tensor values
     std::vector<float> scores(group * positions);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t r = item / kv_heads, kv = item % kv_heads;
-      const int64_t visible = positions - rows + r + 1;
       const int64_t first = (r * heads + kv * group) * d;  // the group's first query head
-      attend(qd + first, group, kd + kv * k_stride, vd + kv * v_stride, visible, d,
+      const bool tree = !parents.empty();
+      const int64_t visible = tree ? held + lengths[r] : held + r + 1;
+      attend(qd + first, group, kd + kv * k_stride, vd + kv * v_stride, visible,
+             tree ? held : visible, tree ? paths.data() + r * rows : nullptr, d,
              static_cast<float>(scaling), scores.data(), o + first);
     }
   });
