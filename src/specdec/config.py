@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 # rows 100 ms, 8 x 5 213 ms, against 50 ms for one 1-token step.
 DEFAULT_MAX_ROWS = 32
 
+TREES = ("off", "auto", "full")
 VERIFICATIONS = ("auto", "rejection", "coupled")
 # Temperatures below float32's smallest normal number are greedy (0): logits / temperature
 # cannot be computed in float32 there (the divisor rounds to a subnormal or to 0, and
@@ -137,12 +138,21 @@ class SpecConfig:
 
     ``forced_drafts`` (requests with a ``constraint``, k != 0): where the grammar allows one
     token only (JSON punctuation, a schema's keys), propose those tokens at no draft cost,
-    before the drafter is asked."""
+    before the drafter is asked.
+
+    ``tree`` (a draft model's rounds, on the int4 and int8 runtimes): ``"off"`` verifies
+    the drafter's chain; ``"auto"`` adds the draft's second choice as a leaf beside a chain
+    node where the measured cost of one more verify row buys more tokens than it costs
+    (``tree.choose_siblings``; at a fixed k the costs are measured as k auto measures them);
+    ``"full"`` adds one at every depth.
+    The target scores the tree in one pass and verification stays exact
+    (``verify_tree``)."""
 
     k: int | str = 4
     max_k: int = 8
     verification: str = "auto"
     forced_drafts: bool = True
+    tree: str = "off"
 
     def __post_init__(self) -> None:
         if self.k == "auto":
@@ -153,6 +163,8 @@ class SpecConfig:
             raise ValueError(f"k must be >= 0 (0 disables speculation), got {self.k}")
         if isinstance(self.max_k, bool) or not isinstance(self.max_k, int) or self.max_k < 1:
             raise ValueError(f"max_k must be an integer >= 1, got {self.max_k!r}")
+        if self.tree not in TREES:
+            raise ValueError(f"tree must be one of {', '.join(TREES)}, got {self.tree!r}")
         if self.verification not in VERIFICATIONS:
             raise ValueError(
                 f"verification must be one of {', '.join(VERIFICATIONS)}, got {self.verification!r}"

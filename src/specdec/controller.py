@@ -34,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from specdec.theory import expected_tokens_per_round_by_position
+from specdec.tree import choose_siblings
 
 BUCKETS = 10
 POSITION_PRIOR = 0.8  # optimistic: acceptance of a same-family draft model
@@ -57,6 +58,7 @@ class Round:
     draft_seconds: float
     pass_seconds: float
     caught_up: bool = False
+    rows: int | None = None  # rows the target's pass scored (None: k + 1, a chain's)
 
 
 def _ema(old: float | None, new: float, weight: float) -> float:
@@ -120,6 +122,22 @@ class AdaptiveK:
         more = (expected + reach * next_acceptance) / self.round_seconds(n + 1)
         return more > expected / self.round_seconds(n)
 
+    def siblings(self, confidences: list[float], second_confidences: list[float]) -> list[int]:
+        """The depths at which a draft tree gets the draft's second choice as a leaf
+        (``tree.choose_siblings``): the chain's acceptance from its confidences, a leaf's
+        from the chance that the chain's node is rejected times the acceptance of its own
+        confidence once the first choice is ruled out; costs as measured. None before they
+        are measured."""
+        if self.draft_step_seconds is None or not self.pass_seconds:
+            return []
+        acceptance = [self.acceptance_at(c) for c in confidences]
+        leaves = [
+            (1.0 - a) * self.acceptance_at(s)
+            for a, s in zip(acceptance, second_confidences, strict=True)
+        ]
+        draft = len(confidences) * self.draft_step_seconds
+        return choose_siblings(acceptance, leaves, draft, self.pass_estimate)
+
     def position_rates(self) -> list[float]:
         """Acceptance per draft position. A position seldom reached borrows the estimate of
         the one before it as its prior: deep positions look like the last measured one."""
@@ -162,9 +180,10 @@ class AdaptiveK:
         if k > 0 and not (round_.caught_up and self.draft_step_seconds is not None):
             self.draft_history.append(round_.draft_seconds / k)
             self.draft_step_seconds = statistics.median(self.draft_history)
-        history = self.pass_history.setdefault(k + 1, deque(maxlen=COST_WINDOW))
+        rows = round_.rows or k + 1
+        history = self.pass_history.setdefault(rows, deque(maxlen=COST_WINDOW))
         history.append(round_.pass_seconds)
-        self.pass_seconds[k + 1] = statistics.median(history)
+        self.pass_seconds[rows] = statistics.median(history)
         for counts in self.position_counts + self.bucket_counts:
             counts[0] *= self.decay
             counts[1] *= self.decay

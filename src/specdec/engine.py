@@ -28,7 +28,9 @@ from specdec.logprobs import TokenLogprob, token_logprobs
 from specdec.metrics import SpecStats
 from specdec.sampling import Sampler, logits_to_probs
 from specdec.speculation import new_policy, policy_fits, speculation_for
+from specdec.tree import chain_length, path_rows, row_depths, row_parents
 from specdec.verify import VerifyResult, verify_coupled, verify_greedy, verify_stochastic
+from specdec.verify_tree import verify_tree_coupled, verify_tree_greedy, verify_tree_stochastic
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,8 @@ class Run:
         self.drafter = engine.drafter
         self.params = params
         self.controller: KPolicy | None = None
-        if engine.drafter is not None and spec.adaptive:
+        # k auto learns acceptance and costs, and so does a tree "auto" (its shape) at a fixed k
+        if engine.drafter is not None and (spec.adaptive or spec.tree == "auto"):
             if not policy_fits(engine.controller, engine.drafter, spec.max_k):
                 engine.controller = new_controller(engine.drafter, spec.max_k)
             self.controller = engine.controller
@@ -192,6 +195,15 @@ class Run:
                 self.target.eos_token_ids,
             )  # fmt: skip
         self.forced_drafts = spec.forced_drafts and spec.k != 0
+        # Rounds the target scores alone (``propose``, not a batch's) draft trees
+        self.tree = spec.tree != "off" and engine.drafter is not None and spec.k != 0
+        if self.tree and not getattr(self.target, "scores_trees", False):
+            raise ValueError(
+                "draft trees are scored by specdec's layer stack (the int4 and int8 runtimes); "
+                "this target runs elsewhere: use tree='off'"
+            )
+        if self.tree and self.grammar is not None:
+            raise ValueError("draft trees are not combined with a grammar: use tree='off'")
         self.detokenizer = detokenizer
         self.context = list(prompt)
         self.generated: list[int] = []
@@ -226,7 +238,11 @@ class Run:
     def _round(self) -> Chunk:
         proposal, draft_seconds = self.propose()
         started = time.perf_counter()
-        logits = self.target.forward(self.scored_tokens(proposal))  # [k + 1, vocab]
+        scored = self.scored_tokens(proposal)
+        if proposal.parents is None:
+            logits = self.target.forward(scored)  # [k + 1, vocab]
+        else:  # a tree's rows, each attending to its own path
+            logits = self.target.forward_tree(scored, row_parents(proposal.parents))  # type: ignore[attr-defined]
         return self.finish_round(proposal, draft_seconds, logits, time.perf_counter() - started)
 
     def scored_tokens(self, proposal: Proposal) -> list[int]:
@@ -244,21 +260,30 @@ class Run:
         """Verify the target's ``logits`` of ``scored_tokens(proposal)``, cut the target
         cache back to what was accepted, emit. ``observe=False``: a round the batch kept
         from drafting; its costs say nothing about this run's own choice of k."""
-        k = len(proposal.token_ids)
+        nodes = len(proposal.token_ids)
         self.stats.target_forwards += 1
         result = self._verify(proposal, logits)
         started = time.perf_counter()
+        k = chain_length(proposal.parents, nodes)  # a tree's leading chain
+        chain_accepted = min(result.num_accepted, k)
+        if proposal.parents is not None:  # keep the accepted path's rows, drop the rest
+            rows = path_rows(result.path)
+            self.target.keep_path(len(self.context) - 1, rows)  # type: ignore[attr-defined]
+            chain_accepted = sum(node < k for node in result.path)
+            logits = logits[rows]
         # Keep the last context token and the accepted drafts; the new token is fed next round.
         self.target.truncate(len(self.context) + result.num_accepted)
         self.stats.target_seconds += pass_seconds + time.perf_counter() - started
         self.stats.drafter_seconds += draft_seconds
         self.stats.record_round(
-            k, result.num_accepted, result.bonus, result.residual_fallback, proposal.drafter
-        )
+            k, result.num_accepted, result.bonus, result.residual_fallback, proposal.drafter,
+            siblings=nodes - k, sibling_taken=result.num_accepted > chain_accepted,
+        )  # fmt: skip
         if observe and proposal.drafter != FORCED:
             self.speculation.observe(
-                k, proposal, result.num_accepted, draft_seconds, pass_seconds, self.stats.rounds - 1
-            )
+                k, proposal, chain_accepted, draft_seconds, pass_seconds, self.stats.rounds - 1,
+                rows=nodes + 1,
+            )  # fmt: skip
         chunk = self._emit(result, proposal, logits)
         self.stats.total_seconds = time.perf_counter() - self.started
         return chunk
@@ -275,7 +300,7 @@ class Run:
         # a long way behind: catch up apart, so that the draft's time is a draft's
         self.stats.drafter_seconds += self.speculation.catch_up_apart(self.context)
         started = time.perf_counter()
-        proposal = drive(self._drafting(k))
+        proposal = drive(self._drafting(k, tree=self.tree))
         return proposal, time.perf_counter() - started
 
     def drafting(self, max_k: int | None = None) -> Drafting:
@@ -303,11 +328,11 @@ class Run:
         self.speculation.begin(0, self.stats.rounds)
         return Proposal(forced, drafter=FORCED)
 
-    def _drafting(self, k: int) -> Drafting:
+    def _drafting(self, k: int, tree: bool = False) -> Drafting:
         if k <= 0:
             return Proposal([])
         if self.grammar is None or not self.mask_drafts:
-            proposal = yield from self.speculation.drafting(self.context, k, self.sampler)
+            proposal = yield from self.speculation.drafting(self.context, k, self.sampler, tree)
         else:  # drafts drawn from rows the grammar masks, its state rolled back after
             mask = self.sampler.draft_mask = self.grammar.drafts(len(self.context))
             try:
@@ -315,7 +340,9 @@ class Run:
             finally:
                 mask.end()
                 self.sampler.draft_mask = None
-        assert len(proposal.token_ids) <= k, "drafter proposed more than k tokens"
+        assert chain_length(proposal.parents, len(proposal.token_ids)) <= k, (
+            "drafter proposed more than k tokens"
+        )
         return proposal
 
     def _draft_k(self, max_k: int | None) -> int:
@@ -333,6 +360,8 @@ class Run:
 
     def _verify(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
         token_ids, draft_probs = proposal.token_ids, proposal.draft_probs
+        if proposal.parents is not None:
+            return self._verify_tree(proposal, logits)
         if self.grammar is not None:  # rows masked; drafts after a forbidden one dropped
             kept, logits = self.grammar.mask(token_ids, logits)
             token_ids = token_ids[:kept]
@@ -346,6 +375,23 @@ class Run:
             noise = self.sampler.noise(len(self.context), len(draft_ids) + 1, logits.shape[1])
             return verify_coupled(draft_ids, target_probs, noise)
         return verify_stochastic(draft_ids, draft_probs, target_probs, self.sampler.generator)
+
+    def _verify_tree(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
+        token_ids, parents = proposal.token_ids, proposal.parents
+        assert parents is not None, "a tree's proposal"
+        if self.params.greedy:
+            return verify_tree_greedy(token_ids, parents, logits)
+        target_probs = logits_to_probs(logits, self.params)
+        if self.sampler.coupled:  # row r scores position len(context) + its depth
+            depths = row_depths(row_parents(parents))
+            vocab = logits.shape[1]
+            noise = torch.stack(
+                [self.sampler.noise_at(len(self.context) + d, vocab) for d in depths]
+            )
+            return verify_tree_coupled(token_ids, parents, target_probs, noise)
+        return verify_tree_stochastic(
+            token_ids, parents, proposal.draft_probs, target_probs, self.sampler.generator
+        )
 
     def _emit(self, result: VerifyResult, proposal: Proposal, logits: torch.Tensor) -> Chunk:
         remaining = self.params.max_tokens - len(self.generated)
@@ -381,7 +427,7 @@ class Run:
             token_ids=emitted,
             text=text,
             num_from_draft=min(result.num_accepted, len(emitted)),
-            rejected_ids=proposal.token_ids[result.num_accepted :],
+            rejected_ids=_rejected(proposal, result),
             extra_kind=extra_kind,
             finish_reason=finish_reason,
             stats=self.stats,
@@ -401,6 +447,17 @@ class Run:
             return True
         limit = self.target.max_length
         return limit is not None and len(self.context) >= limit
+
+
+def _rejected(proposal: Proposal, result: VerifyResult) -> list[int]:
+    """The drafts verification turned down: a chain's after the accepted ones; a tree's
+    children of the last accepted node (or the root's)."""
+    if proposal.parents is None:
+        return proposal.token_ids[result.num_accepted :]
+    last = result.path[-1] if result.path else -1
+    return [
+        t for t, parent in zip(proposal.token_ids, proposal.parents, strict=True) if parent == last
+    ]
 
 
 def step_together(

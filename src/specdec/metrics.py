@@ -8,6 +8,9 @@ Conventions (written once here; the CLI, server and bench read them, never recom
 - ``by_drafter[name]`` = rounds, drafted, accepted and acceptance_rate of the rounds that
   drafter proposed (a composite drafter names its member).
 - ``per_position_acceptance[i]`` = P(draft i accepted | drafts before it accepted).
+- Draft trees (``SpecConfig.tree``): a round's drafted tokens are all its nodes, the chain's and
+  the siblings' (``sibling_tokens``, of which ``sibling_accepted`` were taken: each ends its
+  round's path); a position counts as accepted when any node at that depth was.
 - ``alpha`` = the paper's alpha, P(a draft is accepted | the verifier reached it): accepted
   over reached positions, all positions pooled (tune's formula input).
 - Aggregates over requests or runs are ``SpecStats.merged(...)`` of them: counters add,
@@ -31,6 +34,8 @@ _COUNTERS = (
     "accepted_tokens",
     "bonus_tokens",
     "residual_fallbacks",
+    "sibling_tokens",
+    "sibling_accepted",
     "target_forwards",
     "drafter_seconds",
     "target_seconds",
@@ -48,6 +53,8 @@ class SpecStats:
     accepted_tokens: int = 0
     bonus_tokens: int = 0
     residual_fallbacks: int = 0
+    sibling_tokens: int = 0
+    sibling_accepted: int = 0
     target_forwards: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
@@ -59,15 +66,27 @@ class SpecStats:
     total_seconds: float = 0.0
 
     def record_round(
-        self, k: int, num_accepted: int, bonus: bool, residual_fallback: bool, drafter: str = ""
+        self,
+        k: int,
+        num_accepted: int,
+        bonus: bool,
+        residual_fallback: bool,
+        drafter: str = "",
+        siblings: int = 0,
+        sibling_taken: bool = False,
     ) -> None:
+        """A verified round: ``k`` chain drafts (a tree's chain) and ``siblings`` more
+        nodes, ``num_accepted`` of them on the accepted path (its last a sibling when
+        ``sibling_taken``)."""
         self.rounds += 1
         if k > 0:
             member = self.by_drafter.setdefault(drafter, {"rounds": 0, "drafted": 0, "accepted": 0})
             member["rounds"] += 1
-            member["drafted"] += k
+            member["drafted"] += k + siblings
             member["accepted"] += num_accepted
-        self.drafted_tokens += k
+        self.sibling_tokens += siblings
+        self.sibling_accepted += int(sibling_taken)
+        self.drafted_tokens += k + siblings
         self.accepted_tokens += num_accepted
         self.bonus_tokens += int(bonus and k > 0)
         self.residual_fallbacks += int(residual_fallback)
@@ -120,7 +139,7 @@ class SpecStats:
     @classmethod
     def from_dict(cls, data: dict) -> SpecStats:
         """The inverse of ``to_dict`` (counters only; rates are recomputed from them)."""
-        stats = cls(**{name: data[name] for name in _COUNTERS})
+        stats = cls(**{name: data.get(name, 0) for name in _COUNTERS})
         stats.drafted_per_position = list(data.get("drafted_per_position", []))
         stats.accepted_per_position = list(data.get("accepted_per_position", []))
         stats.k_per_round = {int(k): n for k, n in data.get("k_per_round", {}).items()}
@@ -158,6 +177,8 @@ class SpecStats:
             "accepted_tokens": self.accepted_tokens,
             "bonus_tokens": self.bonus_tokens,
             "residual_fallbacks": self.residual_fallbacks,
+            "sibling_tokens": self.sibling_tokens,
+            "sibling_accepted": self.sibling_accepted,
             "target_forwards": self.target_forwards,
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,

@@ -172,6 +172,10 @@ class Sampler:
             del self._noise[position]
         return torch.stack([self._position_noise(start + i, vocab) for i in range(count)])
 
+    def noise_at(self, position: int, vocab: int) -> torch.Tensor:
+        """The noise row of one sequence position  # [vocab] (kept for the verifier)."""
+        return self._position_noise(position, vocab)
+
     def _position_noise(self, position: int, vocab: int) -> torch.Tensor:
         row = self._noise.get(position)
         if row is None or row.shape[0] != vocab:

@@ -27,7 +27,15 @@ from typing import cast
 
 from specdec.config import SpecConfig
 from specdec.controller import AdaptiveK, DrafterChoice, FallbackK, KPolicy, Round
-from specdec.drafters.base import Drafter, Drafting, KeepGoing, Proposal, drafting_of
+from specdec.drafters.base import (
+    Branch,
+    Drafter,
+    Drafting,
+    KeepGoing,
+    Proposal,
+    drafting_of,
+    grows_trees,
+)
 from specdec.drafters.composite import ChoiceDrafter, FallbackDrafter
 from specdec.sampling import Sampler
 
@@ -44,6 +52,10 @@ class Speculation:
         # the one drafter): the rounds it drafted, and the prefill.
         self.fed: dict[str | None, int] = {}
         self.sat_out = 0  # rounds this round's drafter sat out (0: drafted the last one)
+        self.tree = "off"  # SpecConfig.tree, where the drafter grows trees (speculation_for)
+        # What shapes a tree "auto" from measured acceptance and costs: the k policy, or
+        # with a fixed k an AdaptiveK that only learns (``speculation_for``)
+        self.shaper: AdaptiveK | None = None
 
     # ---- kinds ---------------------------------------------------------------------
 
@@ -112,25 +124,53 @@ class Speculation:
         self.sat_out = 0
         return time.perf_counter() - started
 
-    def drafting(self, context: Sequence[int], k: int, sampler: Sampler) -> Drafting:
-        """At most ``k`` drafts, pass by pass (``drafters.base.Drafting``)."""
+    def drafting(
+        self, context: Sequence[int], k: int, sampler: Sampler, tree: bool = False
+    ) -> Drafting:
+        """At most ``k`` drafts, pass by pass (``drafters.base.Drafting``); ``tree``: as a
+        tree where ``self.tree`` asks for one (a round the target scores alone)."""
         policy = cast(AdaptiveK | None, self.round_policy())  # a chain's kind drafts otherwise
         keep_going = policy.keep_going if policy is not None else None
-        return drafting_of(self.round_drafter(), context, k, sampler, keep_going)
+        branch = self._branch(policy) if tree else None
+        return drafting_of(self.round_drafter(), context, k, sampler, keep_going, branch)
 
-    def observe(self, k: int, proposal: Proposal, num_accepted: int, draft_seconds: float,
-                pass_seconds: float, round_index: int) -> None:  # fmt: skip
-        """The verified round ``round_index`` (already counted), for the k policy."""
-        if self.policy is None:
+    def _branch(self, policy: AdaptiveK | None) -> Branch | None:
+        if self.tree == "full":
+            return lambda confidences, seconds: list(range(len(confidences)))
+        shaper = policy if policy is not None else self.shaper
+        if self.tree == "auto" and shaper is not None:
+            return shaper.siblings
+        return None
+
+    def observe(
+        self,
+        k: int,
+        proposal: Proposal,
+        num_accepted: int,
+        draft_seconds: float,
+        pass_seconds: float,
+        round_index: int,
+        rows: int | None = None,
+    ) -> None:
+        """The verified round ``round_index`` (already counted), for the k policy (or the
+        tree's shaper): ``k`` chain drafts, ``num_accepted`` of them accepted, a pass of
+        ``rows`` (None: k + 1)."""
+        policy = cast(AdaptiveK | None, self.policy or self.shaper)  # kinds override
+        if policy is None:
             return
-        policy = cast(AdaptiveK, self.policy)  # an AdaptiveK, or one like it: kinds override
         policy.observe(
-            self._round(k, proposal, num_accepted, draft_seconds, pass_seconds, self.sat_out > 0)
+            self._round(
+                k, proposal, num_accepted, draft_seconds, pass_seconds, self.sat_out > 0, rows
+            )
         )
 
     @staticmethod
-    def _round(k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up) -> Round:
-        return Round(k, num_accepted, proposal.confidences, draft_seconds, pass_seconds, caught_up)
+    def _round(
+        k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up, rows=None
+    ) -> Round:
+        return Round(
+            k, num_accepted, proposal.confidences, draft_seconds, pass_seconds, caught_up, rows
+        )
 
 
 class ChoiceSpeculation(Speculation):
@@ -170,7 +210,9 @@ class ChoiceSpeculation(Speculation):
         assert self.member is not None, "the round's member is chosen first"
         return self.drafter.members[self.member]
 
-    def observe(self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index):
+    def observe(
+        self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index, rows=None
+    ):
         assert self.member is not None, "a round of a choice drafts with a member"
         measured = self._round(
             k, proposal, num_accepted, draft_seconds, pass_seconds, self.sat_out > 0
@@ -204,7 +246,9 @@ class ChainSpeculation(Speculation):
     def members(self) -> list[str | None]:
         return [None, *_chain_members(self.drafter)]
 
-    def drafting(self, context: Sequence[int], k: int, sampler: Sampler) -> Drafting:
+    def drafting(
+        self, context: Sequence[int], k: int, sampler: Sampler, tree: bool = False
+    ) -> Drafting:
         if self.policy is None:  # a fixed k: the chain as one drafter
             return (yield from super().drafting(context, k, sampler))
         chain, self.chain_member = self.policy, None
@@ -219,7 +263,9 @@ class ChainSpeculation(Speculation):
 
         return (yield from self.drafter.drafting_with(context, policy, sampler))
 
-    def observe(self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index):
+    def observe(
+        self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index, rows=None
+    ):
         if self.policy is None:
             return
         member = self.chain_member if k else None
@@ -261,10 +307,26 @@ def policy_fits(policy: KPolicy | None, drafter: Drafter | None, max_k: int) -> 
 def speculation_for(
     drafter: Drafter | None, policy: KPolicy | None, spec: SpecConfig
 ) -> Speculation:
-    """A request's drafting: ``policy`` for k auto (None: a fixed ``spec.k``)."""
+    """A request's drafting: ``policy`` for k auto; with a fixed ``spec.k`` and a tree
+    "auto", the AdaptiveK that shapes its trees (it learns, it does not choose k)."""
     kind = kind_of(drafter)
     if drafter is None:
         return Speculation(None, None, 0)
+    if spec.tree != "off" and (kind is not Speculation or not grows_trees(drafter)):
+        raise ValueError(
+            f"drafter {drafter.name}: draft trees grow from a draft model's second choices "
+            "(--drafter model); this drafter proposes chains: use tree='off'"
+        )
+    speculation = _made(kind, drafter, policy if spec.adaptive else None, spec)
+    speculation.tree = spec.tree
+    if spec.tree == "auto" and isinstance(policy, AdaptiveK):
+        speculation.shaper = policy
+    return speculation
+
+
+def _made(
+    kind: type[Speculation], drafter: Drafter, policy: KPolicy | None, spec: SpecConfig
+) -> Speculation:
     if spec.adaptive:
         assert policy is not None, "k auto drafts with a policy"
         return kind(drafter, policy, spec.max_k)

@@ -64,6 +64,8 @@ class ModelSequence:
     """A ``Backend`` over one token sequence of a ``BatchedModel``: its own KV cache (and
     kept features, for heads); ``forward`` is a pass with this sequence alone."""
 
+    scores_trees = True  # forward_tree, keep_path
+
     def __init__(self, model: BatchedModel):
         self.source = model  # the model this is a sequence of
         self.tokenizer = model.tokenizer

@@ -77,6 +77,18 @@ class HFModel:
     def truncate(self, n: int) -> None:
         self._sequence.truncate(n)
 
+    @property
+    def scores_trees(self) -> bool:
+        """Whether a draft tree can be scored in one pass here (specdec's layer stack)."""
+        return bool(getattr(self._sequence, "scores_trees", False))
+
+    def forward_tree(self, token_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """``batched.ModelSequence.forward_tree``, where ``scores_trees``."""
+        return self._sequence.forward_tree(token_ids, parents)  # type: ignore[union-attr]
+
+    def keep_path(self, start: int, rows: Sequence[int]) -> None:
+        self._sequence.keep_path(start, rows)  # type: ignore[union-attr]
+
 
 def source_of(backend: Backend) -> Any:
     """The model ``backend`` is a sequence of (its ``sequence()`` makes more): an

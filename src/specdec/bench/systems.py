@@ -27,7 +27,7 @@ from specdec.bench.openvino import OWN_PLAIN as OPENVINO_OWN_PLAIN
 from specdec.bench.openvino import SYSTEMS as OPENVINO_SYSTEMS
 from specdec.bench.openvino import OpenVinoSystem
 from specdec.bench.output import RunOutput
-from specdec.config import SamplingParams, SpecConfig
+from specdec.config import TREES, SamplingParams, SpecConfig
 from specdec.controller import KPolicy
 from specdec.drafters import Drafter
 from specdec.drafters.recipe import (
@@ -164,9 +164,10 @@ class SpecdecSystem:
         make_drafter: Callable[[Backend], Drafter | None],
         k: int | str,
         verification: str = "auto",
+        tree: str = "off",
     ):
         self.name, self.pool, self.runtime, self.make_drafter = name, pool, runtime, make_drafter
-        self.spec = SpecConfig(k=k, verification=verification)
+        self.spec = SpecConfig(k=k, verification=verification, tree=tree)
         self.controller: KPolicy | None = None
 
     @property
@@ -340,7 +341,8 @@ def systems_help() -> str:
         f"comma-separated; plain: specdec without drafts; {'; '.join(peers)}; and "
         f"DRAFTER-kN or DRAFTER-auto with DRAFTER a recipe as for --drafter: one of "
         f"{', '.join(KINDS)}, a '+'-joined fallback chain (lookup+model) or a '/'-joined "
-        "choice (model/eagle, k auto only). OpenVINO and ONNX systems need the peers extra "
+        "choice (model/eagle, k auto only); model-kN or model-auto then :tree-full or "
+        ":tree-auto verify draft trees (--tree). OpenVINO and ONNX systems need the peers extra "
         "(openvino-int4*: the pair exported by bench/openvino_export.sh; onnx-*: converted "
         "once by its model builder); eagle and medusa need heads (specdec heads make). Each "
         f"may end in @RUNTIME: a transformers runtime ({', '.join(TRANSFORMERS_DTYPES)}) or a "
@@ -384,12 +386,20 @@ def describe(name: str, default_runtime: str = "int8") -> str:
         )
     if base in PEERS:
         return PEERS[base][0] + where
+    base, tree = split_tree(base)
     drafter, _, k = base.rpartition("-")
     return (
         f"specdec, {describe_recipe(drafter)}, "
         + ("adaptive k" if k == "auto" else f"k={k[1:]}")
+        + ("" if tree == "off" else f", draft tree {tree}")
         + where
     )
+
+
+def split_tree(base: str) -> tuple[str, str]:
+    """``DRAFTER-K:tree-MODE`` -> (``DRAFTER-K``, MODE); ``DRAFTER-K`` -> (it, "off")."""
+    head, _, tree = base.partition(":tree-")
+    return head, tree or "off"
 
 
 def make_system(
@@ -416,6 +426,7 @@ def make_system(
         return OnnxGenAISystem(name, pool.onnx_dir)
     if base in PEERS:
         return HFGenerateSystem(name, pool, runtime, **PEERS[base][1])
+    base, tree = split_tree(base)
     drafter, _, k_text = base.rpartition("-")
     recipe = drafter != "none" and is_recipe(drafter)  # none is plain
     if recipe and is_choice(drafter) and k_text != "auto":
@@ -427,7 +438,13 @@ def make_system(
             f"{', '.join(PEERS)}, or DRAFTER-kN / "
             f"DRAFTER-auto with DRAFTER a recipe as for --drafter: {', '.join(KINDS)}, a "
             "'+'-joined fallback chain (lookup+model) or a '/'-joined choice (model/eagle, k "
-            "auto only); each may end in @RUNTIME"
+            "auto only), then :tree-full or :tree-auto for draft trees (model only); each may "
+            "end in @RUNTIME"
+        )
+    if tree != "off" and (drafter != "model" or tree not in TREES):
+        raise ValueError(
+            f"system {name!r}: draft trees grow from the draft model: model-kN or model-auto, "
+            "then :tree-full or :tree-auto"
         )
     if "ngram" in drafter and ngram is None:
         raise ValueError(
@@ -446,7 +463,7 @@ def make_system(
         )
         return build_drafter(drafter, sources)
 
-    return SpecdecSystem(name, pool, runtime, make_drafter, k, verification)
+    return SpecdecSystem(name, pool, runtime, make_drafter, k, verification, tree)
 
 
 def reference_of(name: str, names: list[str], default_runtime: str) -> str:

@@ -12,7 +12,7 @@ from specdec.arguments import (
     drafter_kinds,
     k_value,
 )
-from specdec.config import VERIFICATIONS, Constraint, SamplingParams, SpecConfig
+from specdec.config import TREES, VERIFICATIONS, Constraint, SamplingParams, SpecConfig
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES
 from specdec.prompting import encode_prompt
 from specdec.runtime import HELP as RUNTIME_HELP
@@ -158,6 +158,15 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "Algorithm 1 (the highest acceptance; the text then depends on the drafts, its "
         "distribution does not). auto (default): coupled, since the CLI always has a seed",
     )
+    p.add_argument(
+        "--tree",
+        choices=TREES,
+        default="off",
+        help="draft trees (--drafter model, int4/int8 runtimes): full adds the draft's second "
+        "choice as a leaf beside every chain token, verified in the same pass; auto adds one "
+        "only where the extra row's measured cost buys more tokens than it costs. Output stays "
+        "exact. Default: off (chains)",
+    )
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     constrained = p.add_mutually_exclusive_group()
     constrained.add_argument(
@@ -258,7 +267,12 @@ def run(args: argparse.Namespace) -> int:
     if args.logprobs is not None and not args.json:
         raise UsageError("--logprobs is printed with --json: add --json")
     kinds = drafter_kinds(args.drafter)
-    spec = SpecConfig(k=args.k if kinds else 0, max_k=args.max_k, verification=args.verification)
+    spec = SpecConfig(
+        k=args.k if kinds else 0,
+        max_k=args.max_k,
+        verification=args.verification,
+        tree=args.tree if kinds else "off",
+    )
     if "ngram" in kinds and not args.ngram_model:
         raise UsageError(
             "--drafter ngram needs --ngram-model FILE (make one with 'specdec ngram build')"

@@ -11,6 +11,10 @@ import torch
 from specdec.sampling import Sampler
 
 KeepGoing = Callable[[list[float]], bool]
+# A tree's shape (``SpecConfig.tree``): given the chain's confidences and, per depth, the
+# draft's probability of its second choice once the first is ruled out, the depths (0-based)
+# that get that second choice as a leaf.
+Branch = Callable[[list[float], list[float]], list[int]]
 
 
 @dataclass(frozen=True)
@@ -22,10 +26,15 @@ class Proposal:
     draft_probs: torch.Tensor | None = None
     drafter: str = ""  # which drafter proposed it (a composite drafter names its member)
     confidences: list[float] | None = None  # the drafter's probability of each of its tokens
+    # A tree (``specdec.tree``): node i under node parents[i] (-1: the root); None: a chain.
+    # ``confidences`` are then the leading chain's.
+    parents: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.draft_probs is not None:
             assert self.draft_probs.shape[0] == len(self.token_ids), "one distribution per draft"
+        if self.parents is not None:
+            assert len(self.parents) == len(self.token_ids), "one parent per node"
 
 
 @runtime_checkable
@@ -98,16 +107,26 @@ def drive(drafting: Drafting) -> Proposal:
         return done.value
 
 
+def grows_trees(drafter: Drafter | None) -> bool:
+    """Whether ``drafter`` can propose a tree (its ``drafting`` takes a ``branch``)."""
+    return bool(getattr(drafter, "grows_trees", False))
+
+
 def drafting_of(
     drafter: Drafter,
     context: Sequence[int],
     k: int,
     sampler: Sampler | None = None,
     keep_going: KeepGoing | None = None,
+    branch: Branch | None = None,
 ) -> Drafting:
     """``drafter``'s step-by-step drafting, or its whole ``propose`` as one step with no
-    pass to share (lookup, n-grams, heads)."""
+    pass to share (lookup, n-grams, heads). ``branch``: a tree's shape, for a drafter that
+    ``grows_trees``."""
     steps = getattr(drafter, "drafting", None)
+    if branch is not None:
+        assert grows_trees(drafter), f"{drafter.name} proposes chains only"
+        return (yield from drafter.drafting(context, k, sampler, keep_going, branch))  # type: ignore[attr-defined]
     if steps is not None:
         return (yield from steps(context, k, sampler, keep_going))
     return drafter.propose(context, k, sampler, keep_going)

@@ -8,8 +8,9 @@ import torch
 
 from specdec.backends.base import Backend, common_prefix_length, sync_cache
 from specdec.config import SamplingParams
-from specdec.drafters.base import Drafting, KeepGoing, Proposal, StepwiseDrafter
-from specdec.sampling import Sampler
+from specdec.drafters.base import Branch, Drafting, KeepGoing, Proposal, StepwiseDrafter
+from specdec.sampling import Sampler, race_scores, sample
+from specdec.tree import chain
 
 _GREEDY = SamplingParams(temperature=0.0)
 
@@ -24,6 +25,7 @@ class ModelDrafter(StepwiseDrafter):
     """
 
     name = "model"
+    grows_trees = True  # its second choices, as leaves beside the chain (``SpecConfig.tree``)
 
     def __init__(self, backend: Backend):
         self.backend = backend
@@ -41,8 +43,11 @@ class ModelDrafter(StepwiseDrafter):
         k: int,
         sampler: Sampler | None = None,
         keep_going: KeepGoing | None = None,
+        branch: Branch | None = None,
     ) -> Drafting:
-        """``propose``, one draft pass per step (see ``drafters.base.Drafting``)."""
+        """``propose``, one draft pass per step (see ``drafters.base.Drafting``). With
+        ``branch``, a tree: the chain, then the draft's second choice beside the chain
+        node at each depth ``branch`` picks (``second_choice``)."""
         assert len(context) > 0, "drafting needs a context"
         sampler = sampler or Sampler(_GREEDY)
         if self.backend.max_length is not None:
@@ -56,8 +61,11 @@ class ModelDrafter(StepwiseDrafter):
         token_ids: list[int] = []
         probs: list[torch.Tensor] = []
         confidences: list[float] = []
+        rows: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # for a tree's leaves
         while True:
             token_id, token_probs = sampler.pick(logits, len(context) + len(token_ids))
+            if branch is not None:
+                rows.append((logits, token_probs))
             token_ids.append(token_id)
             if token_probs is not None:
                 probs.append(token_probs)
@@ -68,12 +76,73 @@ class ModelDrafter(StepwiseDrafter):
             if len(token_ids) == k:
                 break
             logits = (yield (self.backend, [token_id]))[-1]
+        if branch is not None:
+            return self._tree(context, token_ids, probs, rows, sampler, branch)
         return Proposal(
             token_ids,
             torch.stack(probs) if probs else None,
             self.name,
             confidences if keep_going is not None else None,
         )
+
+    def _tree(self, context, token_ids, probs, rows, sampler, branch) -> Proposal:
+        """The chain and, at the depths ``branch`` picks, the second choice as a leaf."""
+        chain_confidences, seconds = [], []
+        for depth, (logits, token_probs) in enumerate(rows):
+            chosen = token_ids[depth]
+            chain_confidences.append(_confidence(logits, chosen, token_probs))
+            seconds.append(
+                second_choice(logits, token_probs, chosen, sampler, len(context) + depth)
+            )
+        leaves = [
+            d for d in branch(chain_confidences, [s[2] for s in seconds]) if seconds[d][0] >= 0
+        ]
+        parents = [*chain(len(token_ids)), *(d - 1 for d in leaves)]
+        nodes = token_ids + [seconds[d][0] for d in leaves]
+        draft_probs = None
+        if probs:
+            draft_probs = torch.stack([*probs, *(seconds[d][1] for d in leaves)])
+        return Proposal(nodes, draft_probs, self.name, chain_confidences, parents)
+
+
+def second_choice(
+    logits: torch.Tensor,  # [vocab]: the draft's row at this depth
+    probs: torch.Tensor | None,  # the distribution the chain's token came from (None: greedy)
+    chosen: int,  # the chain's token
+    sampler: Sampler,
+    position: int,
+) -> tuple[int, torch.Tensor | None, float]:
+    """The draft's second choice at a depth, the distribution it came from, and the
+    runner-up's probability once the chain's token is ruled out (what decides whether the
+    leaf is verified); -1 where there is none. Drawn as a sibling without replacement:
+    greedy, the runner-up; coupled, the runner-up of the same race; else a sample of the
+    distribution without the chain's token, renormalised (what ``verify_tree`` verifies it
+    against).
+
+    Exactness: whether a sampled leaf is kept may depend on the chain's tokens but not on
+    the leaf's own: kept only when likely, a leaf would no longer be a draw from the
+    distribution it is verified against. Hence the runner-up's probability, the same
+    whichever token was drawn."""
+    if probs is None:
+        soft = torch.softmax(logits.float(), dim=-1)
+        rest = soft.clone()
+        rest[chosen] = 0.0
+        mass = float(rest.sum())
+        if mass <= 0.0:
+            return -1, None, 0.0
+        token = int(rest.argmax())
+        return token, None, float(rest[token]) / mass
+    rest = probs.clone()
+    rest[chosen] = 0.0
+    mass = float(rest.sum())
+    if mass <= 0.0:
+        return -1, None, 0.0
+    rest = rest / mass
+    if sampler.coupled:
+        token = int(race_scores(rest, sampler.noise_at(position, rest.shape[0])).argmax())
+    else:
+        token = sample(rest, sampler.generator)
+    return token, rest, float(rest.max())
 
 
 def _confidence(logits: torch.Tensor, token_id: int, probs: torch.Tensor | None) -> float:

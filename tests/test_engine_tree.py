@@ -1,0 +1,180 @@
+"""Draft trees through the whole engine: greedy and seeded (coupled) output equal to plain
+decoding on the int4 and int8 runtimes for every k, sampled output following the target at
+every position (chi-square, the power of ``test_engine_statistical``), clear refusals."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import specdec.verify_tree
+from helpers import assert_same_distribution, backend, char_tokenizer
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
+from specdec.config import Constraint
+from specdec.drafters import ModelDrafter, PromptLookupDrafter
+from specdec.engine import step_together
+from test_engine_statistical import DRAWS, SETTINGS, marginals, pair, prompt  # noqa: F401
+
+PROMPTS = {"short": [8, 5, 12, 12, 15], "long": [(7 * i + 3) % 31 + 1 for i in range(40)]}
+GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def runtime_pair(request, target_model, draft_model):
+    convert = make_int8_batch_invariant if request.param == "int8" else make_int4_batch_invariant
+    return tuple(convert(copy.deepcopy(model)) for model in (target_model, draft_model))
+
+
+def engines(models):
+    target, draft = models
+    return Engine(backend(target)), Engine(backend(target), ModelDrafter(backend(draft)))
+
+
+@pytest.mark.parametrize("tree", ["full", "auto"])
+@pytest.mark.parametrize("prompt_name", list(PROMPTS))
+def test_greedy_trees_equal_plain_for_every_k(runtime_pair, prompt_name, tree):
+    plain, speculative = engines(runtime_pair)
+    text = PROMPTS[prompt_name]
+    expected = plain.generate(text, GREEDY).token_ids
+    siblings = taken = 0
+    ks: list[int | str] = ["auto", 2, 5] if tree == "auto" else list(range(1, 17))
+    for k in ks:
+        out = speculative.generate(text, GREEDY, SpecConfig(k=k, max_k=16, tree=tree))
+        assert out.token_ids == expected, f"k = {k}"
+        siblings += out.stats.sibling_tokens
+        taken += out.stats.sibling_accepted
+    if tree == "full":
+        assert siblings > 0 and taken > 0, "leaves must be verified and some taken"
+    else:  # the shaper learned costs at the fixed k's too
+        assert speculative.controller is not None and speculative.controller.rounds > 0
+
+
+def test_seeded_trees_equal_plain_seeded(runtime_pair):
+    """Coupled verification: the target's keyed sample picks the child, so a tree's output
+    is plain decoding's with the same seed."""
+    plain, speculative = engines(runtime_pair)
+    taken = 0
+    for seed in range(6):
+        params = SamplingParams(max_tokens=30, temperature=0.9, seed=seed, ignore_eos=True)
+        expected = plain.generate(PROMPTS["short"], params).token_ids
+        for k in (2, 5):
+            out = speculative.generate(PROMPTS["short"], params, SpecConfig(k=k, tree="full"))
+            assert out.token_ids == expected, f"seed {seed}, k {k}"
+            taken += out.stats.sibling_accepted
+    assert taken > 0, "some leaves must be taken"
+
+
+# ---- sampled output follows the target ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def int8_stat_pair(pair):  # noqa: F811
+    return tuple(make_int8_batch_invariant(copy.deepcopy(model)) for model in pair)
+
+
+def tree_counts(models, prompt, params, verification, tree="full"):  # noqa: F811
+    target, draft = models
+    engine = Engine(backend(target), ModelDrafter(backend(draft)))
+    counts = np.zeros((3, 32))
+    siblings = taken = accepted = drafted = 0
+    for seed in range(DRAWS):
+        spec = SpecConfig(k=2, verification=verification, tree=tree)
+        out = engine.generate(prompt, replace(params, seed=seed), spec)
+        for position, token_id in enumerate(out.token_ids):
+            counts[position, token_id] += 1
+        siblings += out.stats.sibling_tokens
+        taken += out.stats.sibling_accepted
+        accepted += out.stats.accepted_tokens
+        drafted += out.stats.drafted_tokens
+    return counts, siblings, taken, accepted / drafted
+
+
+@pytest.mark.parametrize(
+    ("setting", "verification", "tree"),
+    [
+        ("temperature 1", "rejection", "full"),
+        ("temperature 0.7, top-k 8, top-p 0.9", "rejection", "full"),
+        ("temperature 0.8, top-p 0.9", "coupled", "full"),
+        ("temperature 1", "rejection", "auto"),
+    ],
+)
+def test_sampled_trees_follow_the_target(int8_stat_pair, prompt, setting, verification, tree):  # noqa: F811
+    """Tree auto: which leaves are kept depends on the drafts, never on a leaf's own token."""
+    params = SETTINGS[setting]
+    counts, siblings, taken, rate = tree_counts(int8_stat_pair, prompt, params, verification, tree)
+    assert siblings > DRAWS / 4 and taken > 50, "leaves must be verified and taken often"
+    assert 0.05 < rate < 0.98, "both acceptance and rejection must be exercised"
+    for position, expected in enumerate(marginals(int8_stat_pair[0], prompt, params)):
+        assert_same_distribution(counts[position], expected)
+
+
+def test_an_unnormalised_residual_is_caught(int8_stat_pair, prompt, monkeypatch):  # noqa: F811
+    """The residual left by a rejected child, not renormalised before its sibling is
+    tried, through the engine: the same check fails."""
+
+    def unnormalised(p, q):
+        residual = (p - q).clamp(min=0.0)
+        return residual if float(residual.sum()) > 1e-6 else None
+
+    monkeypatch.setattr(specdec.verify_tree, "_residual", unnormalised)
+    params = SETTINGS["temperature 1"]
+    counts, *_ = tree_counts(int8_stat_pair, prompt, params, "rejection")
+    expected = marginals(int8_stat_pair[0], prompt, params)
+    with pytest.raises(AssertionError, match="differs|impossible"):
+        for position in range(3):
+            assert_same_distribution(counts[position], expected[position])
+
+
+# ---- where trees are not grown -----------------------------------------------------------
+
+
+def test_a_batch_drafts_chains_and_stays_exact(runtime_pair):
+    """Requests stepped together score one pass of many sequences: their drafts stay chains."""
+    from specdec.backends.batched import BatchedModel
+
+    target, draft = (BatchedModel(model) for model in runtime_pair)
+    expected = Engine(target.sequence()).generate(PROMPTS["short"], GREEDY).token_ids
+    runs = []
+    for _ in range(3):
+        engine = Engine(target.sequence(), ModelDrafter(draft.sequence()))
+        runs.append(engine.begin(PROMPTS["short"], GREEDY, SpecConfig(k=3, tree="full")))
+        runs[-1].start()
+    tokens: list[list[int]] = [[] for _ in runs]
+    active = list(range(len(runs)))
+    while active:
+        chunks = step_together([runs[i] for i in active], target.forward_many)
+        for i, chunk in zip(list(active), chunks, strict=True):
+            assert not isinstance(chunk, Exception), chunk
+            tokens[i] += chunk.token_ids
+            assert chunk.stats.sibling_tokens == 0
+            if chunk.finish_reason is not None:
+                active.remove(i)
+    assert all(t == expected for t in tokens)
+
+
+def test_trees_are_refused_where_they_cannot_grow(runtime_pair, target_model, draft_model):
+    target, draft = runtime_pair
+    with pytest.raises(ValueError, match="layer stack"):  # transformers' forward: float32
+        Engine(backend(target_model), ModelDrafter(backend(draft_model))).generate(
+            [5], GREEDY, SpecConfig(tree="full")
+        )
+    with pytest.raises(ValueError, match="proposes chains"):
+        Engine(backend(target), PromptLookupDrafter()).generate(
+            [5], GREEDY, SpecConfig(tree="full")
+        )
+    with pytest.raises(ValueError, match="tree must be one of"):
+        SpecConfig(tree="bushy")
+    constrained = replace(GREEDY, constraint=Constraint("regex", "[a-c]+"))
+    engine = Engine(backend(target, char_tokenizer()), ModelDrafter(backend(draft)))
+    with pytest.raises(ValueError, match="grammar"):
+        engine.generate([5], constrained, SpecConfig(tree="full"))
+
+
+def test_a_plain_request_ignores_the_tree(runtime_pair):
+    plain, speculative = engines(runtime_pair)
+    out = speculative.generate(PROMPTS["short"], GREEDY, SpecConfig(k=0, tree="full"))
+    assert out.token_ids == plain.generate(PROMPTS["short"], GREEDY).token_ids
