@@ -20,7 +20,10 @@ scheme. MUTANTS, each run through the real ``verify_tree_stochastic``:
   max(0, p - q) without renormalising (injected into the verifier's ``_residual``);
 - ``top-k drafts as q = 1, not renormalised``: deterministic drafts verified as point masses,
   each sibling accepted with the target's p(x) left after the rejected ones were zeroed but
-  not renormalised (injected into ``_without``).
+  not renormalised (injected into ``_without``);
+- ``a sampled leaf kept only when its own token is likely``: which siblings are verified
+  decided by their own drawn tokens (``drafters.model.second_choice`` decides from the
+  runner-up's probability instead, the same whichever token was drawn).
 
 Not a mutant: sampled drafts verified as point masses (accept x with p(x), else drop x and
 renormalise) are exact whatever chose them, as the top-k drafts are (the walk is then a
@@ -108,6 +111,9 @@ def draw_tree(scheme, P, Q, generator):
     else:
         root, root_rows = draw_children(Q[0], ROOT_CHILDREN, generator, replacement)
         under, under_rows = draw_children(Q[1], C1_CHILDREN, generator, replacement)
+    if scheme == LIKELY_ONLY:
+        root, root_rows = likely_only(root, root_rows)
+        under, under_rows = likely_only(under, under_rows)
     tokens = root + under
     parents = [-1] * len(root) + [0] * len(under)
     probs = torch.stack(root_rows + under_rows)
@@ -117,6 +123,17 @@ def draw_tree(scheme, P, Q, generator):
     if scheme == "sampled, as point masses":
         probs = None
     return tokens, parents, probs
+
+
+LIKELY_ONLY = "a sampled leaf kept only when its own token is likely"
+LIKELY = 0.3
+
+
+def likely_only(tokens, rows):
+    """The mutant's choice of leaves: the first child always, a sibling only when its own
+    token had probability >= LIKELY (so a kept sibling is no draw from its row)."""
+    kept = [i for i in range(len(tokens)) if i == 0 or float(rows[i][tokens[i]]) >= LIKELY]
+    return [tokens[i] for i in kept], [rows[i] for i in kept]
 
 
 def target_rows(P, parents):
@@ -186,7 +203,10 @@ def enumerate_children(scheme, q, count):
             rows.append(row)
         if probability > 0:
             handed = None if scheme == "sampled, as point masses" else rows
-            out.append((probability, list(tokens), handed))
+            kept = list(tokens)
+            if scheme == LIKELY_ONLY:
+                kept, handed = likely_only(kept, rows)
+            out.append((probability, kept, handed))
     return out
 
 
@@ -225,6 +245,7 @@ MUTANTS = {
     "top-k drafts verified as sampled": "temperature 1",
     "residual not renormalised": "temperature 1",
     "top-k drafts as q = 1, not renormalised": "temperature 1",
+    LIKELY_ONLY: "temperature 1",
 }
 
 
