@@ -553,3 +553,21 @@ def test_a_chain_samples_exactly(pair, verification, monkeypatch):
     assert all(c.rounds >= 20 for c in engine.controller.controllers.values())
     for position, expected in enumerate(marginals(target, prompt, params)):
         assert_same_distribution(counts[position], expected)
+
+
+def test_a_round_that_explores_drafts_to_its_depth_whatever_the_confidence():
+    """A 3-token pass once measured slow makes every first draft stop the round (keep_going
+    says no), and a round that explores one size deeper must still reach it, or that size is
+    never measured again (seen in specdec bench on the family 26 EPYC: k auto at 1 draft a
+    round for hundreds of rounds of code whose drafts were accepted 97% of the time, where a
+    fixed k = 3 ran 1.05-1.15x faster)."""
+    controller = trained(0.9, 0.010, {1: 0.025, 2: 0.027, 3: 0.080})
+    assert controller.choose_k() == 1 and not controller.keep_going([0.6])
+    while controller.rounds % EXPLORE_EVERY != EXPLORE_EVERY - 1:
+        controller.observe(Round(1, 1, [0.6], 0.010, 0.027))
+    assert controller.choose_k() == 2
+    assert controller.keep_going([0.6]), "the exploring round drafts its second token"
+    assert not controller.keep_going([0.6, 0.6])
+    controller.observe(Round(2, 2, [0.6, 0.6], 0.020, 0.029))
+    assert controller.choose_k() >= 2, "today's 3-token pass, measured, makes deeper drafts pay"
+    assert controller.keep_going([0.6])

@@ -78,6 +78,7 @@ class AdaptiveK:
     draft_history: deque = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
     rounds: int = 0
     trusted_after: int = TRUSTED_AFTER  # 1: every measured size's own median (no optimism)
+    exploring: int = 0  # this round's depth when it explores one deeper (choose_k), else 0
 
     def __post_init__(self) -> None:
         self.position_counts = self.position_counts or [[0.0, 0.0] for _ in range(self.max_k)]
@@ -92,7 +93,9 @@ class AdaptiveK:
         if rates is None:
             return min(4, self.max_k)  # measure first
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))
+        self.exploring = 0
         if best < self.max_k and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+            self.exploring = best + 1  # keep_going lets the round reach it
             return best + 1
         return best
 
@@ -112,8 +115,8 @@ class AdaptiveK:
         n = len(confidences)
         if n >= self.max_k:
             return False
-        if self.draft_step_seconds is None or not self.pass_seconds:
-            return True
+        if self.draft_step_seconds is None or not self.pass_seconds or n < self.exploring:
+            return True  # measuring first, or a round exploring one size deeper
         reach, expected = 1.0, 1.0
         for confidence in confidences:
             reach *= self.acceptance_at(confidence)
