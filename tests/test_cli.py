@@ -39,6 +39,19 @@ def exit_code(args) -> int:
         return leaving.code
 
 
+@pytest.mark.parametrize("tree", ["full", "auto"])
+def test_generate_with_a_draft_tree_is_plain_decodings_text(model_dirs, capsys, tree):
+    target, draft = model_dirs
+    args = ["generate", "hello", "--target", str(target), "--draft", str(draft)]
+    args += ["--drafter", "model", "--tree", tree, "--max-tokens", "24", "--dtype", "int8"]
+    assert main([*args, "--json", "--compare"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["compare"]["identical"] is True
+    assert result["stats"]["drafted_tokens"] > 0
+    if tree == "full":
+        assert result["stats"]["sibling_tokens"] > 0
+
+
 def test_generate_json(model_dirs, capsys):
     target, draft = model_dirs
     code = main(
@@ -151,6 +164,9 @@ def test_show_drafts_colours(model_dirs, capsys):
         (["--drafter", "model/model"], "each choice once"),
         (["--target-runtime", "llamacpp:q9"], "unknown runtime"),
         (["--draft-runtime", "fp16"], "unknown runtime"),
+        (["--tree", "full"], "add --drafter model"),
+        (["--drafter", "lookup+model", "--tree", "auto"], "add --drafter model"),
+        (["--tree", "bushy"], "invalid choice"),
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(model_dirs, args, message, capsys):

@@ -128,9 +128,9 @@ class AdaptiveK:
     def siblings(self, confidences: list[float], second_confidences: list[float]) -> list[int]:
         """The depths at which a draft tree gets the draft's second choice as a leaf
         (``tree.choose_siblings``): the chain's acceptance from its confidences, a leaf's
-        from the chance that the chain's node is rejected times the acceptance of its own
-        confidence once the first choice is ruled out; costs as measured. None before they
-        are measured."""
+        from the chance that the chain's node is rejected times the calibrated acceptance of
+        the runner-up's probability once the first choice is ruled out; costs as measured.
+        No leaf before costs are measured."""
         if self.draft_step_seconds is None or not self.pass_seconds:
             return []
         acceptance = [self.acceptance_at(c) for c in confidences]

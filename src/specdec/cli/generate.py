@@ -278,6 +278,10 @@ def run(args: argparse.Namespace) -> int:
             "--drafter ngram needs --ngram-model FILE (make one with 'specdec ngram build')"
         )
     check_choice_k(args.drafter, args.k)
+    if args.tree != "off" and args.drafter != "model":
+        raise UsageError(
+            "--tree grows draft trees from the draft model's second choices: add --drafter model"
+        )
     engine = build_engine(args, args.drafter)
     prompt_ids = encode_prompt(engine.target.tokenizer, args.prompt, args.template)
 
