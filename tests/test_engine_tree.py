@@ -178,3 +178,13 @@ def test_a_plain_request_ignores_the_tree(runtime_pair):
     plain, speculative = engines(runtime_pair)
     out = speculative.generate(PROMPTS["short"], GREEDY, SpecConfig(k=0, tree="full"))
     assert out.token_ids == plain.generate(PROMPTS["short"], GREEDY).token_ids
+
+
+def test_a_trees_logprobs_are_plain_decodings_bit_for_bit(runtime_pair):
+    """Each emitted token's logprobs come from its path's row, which is the chain's row."""
+    plain, speculative = engines(runtime_pair)
+    params = replace(GREEDY, logprobs=5)
+    expected = plain.generate(PROMPTS["long"], params)
+    out = speculative.generate(PROMPTS["long"], params, SpecConfig(k=4, tree="full"))
+    assert out.token_ids == expected.token_ids and out.stats.sibling_accepted > 0
+    assert out.logprobs == expected.logprobs
