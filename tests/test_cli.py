@@ -164,8 +164,8 @@ def test_show_drafts_colours(model_dirs, capsys):
         (["--drafter", "model/model"], "each choice once"),
         (["--target-runtime", "llamacpp:q9"], "unknown runtime"),
         (["--draft-runtime", "fp16"], "unknown runtime"),
-        (["--tree", "full"], "add --drafter model"),
-        (["--drafter", "lookup+model", "--tree", "auto"], "add --drafter model"),
+        (["--drafter", "lookup", "--tree", "full"], "use --drafter model"),
+        (["--drafter", "lookup+eagle", "--tree", "auto"], "use --drafter model"),
         (["--tree", "bushy"], "invalid choice"),
     ],
 )

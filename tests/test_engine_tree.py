@@ -15,7 +15,7 @@ from helpers import assert_same_distribution, backend, char_tokenizer
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
 from specdec.config import Constraint
-from specdec.drafters import ModelDrafter, PromptLookupDrafter
+from specdec.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.engine import step_together
 from test_engine_statistical import DRAWS, SETTINGS, marginals, pair, prompt  # noqa: F401
 
@@ -66,6 +66,28 @@ def test_seeded_trees_equal_plain_seeded(runtime_pair):
             assert out.token_ids == expected, f"seed {seed}, k {k}"
             taken += out.stats.sibling_accepted
     assert taken > 0, "some leaves must be taken"
+
+
+@pytest.mark.parametrize(("k", "tree"), [("auto", "auto"), ("auto", "full"), (3, "full")])
+def test_a_fallback_chain_grows_trees_when_its_model_drafts(runtime_pair, k, tree):
+    """lookup+model: lookup's copies stay chains, the model's rounds grow leaves."""
+    target, draft = runtime_pair
+    text = PROMPTS["long"] + PROMPTS["long"][:6]  # lookup finds copies to propose
+    expected = Engine(backend(target)).generate(text, GREEDY).token_ids
+    drafter = FallbackDrafter([PromptLookupDrafter(), ModelDrafter(backend(draft))])
+    engine = Engine(backend(target), drafter)
+    out = engine.generate(text, GREEDY, SpecConfig(k=k, tree=tree))
+    assert out.token_ids == expected
+    assert set(out.stats.by_drafter) == {"lookup", "model"}, "both members drafted"
+    if tree == "full":
+        assert out.stats.sibling_tokens > 0
+
+
+def test_tree_auto_in_a_chain_at_a_fixed_k_is_refused(runtime_pair):
+    target, draft = runtime_pair
+    drafter = FallbackDrafter([PromptLookupDrafter(), ModelDrafter(backend(draft))])
+    with pytest.raises(ValueError, match="k='auto'"):
+        Engine(backend(target), drafter).generate([5], GREEDY, SpecConfig(k=3, tree="auto"))
 
 
 # ---- sampled output follows the target ---------------------------------------------------

@@ -140,7 +140,8 @@ class SpecConfig:
     token only (JSON punctuation, a schema's keys), propose those tokens at no draft cost,
     before the drafter is asked.
 
-    ``tree`` (a draft model's rounds, on the int4 and int8 runtimes): ``"off"`` verifies
+    ``tree`` (a draft model's rounds, alone or in a fallback chain, on the int4 and int8
+    runtimes): ``"off"`` verifies
     the drafter's chain; ``"auto"`` adds the draft's second choice as a leaf beside a chain
     node where the measured cost of one more verify row buys more tokens than it costs
     (``tree.choose_siblings``; at a fixed k the costs are measured as k auto measures them);

@@ -250,7 +250,7 @@ class ChainSpeculation(Speculation):
         self, context: Sequence[int], k: int, sampler: Sampler, tree: bool = False
     ) -> Drafting:
         if self.policy is None:  # a fixed k: the chain as one drafter
-            return (yield from super().drafting(context, k, sampler))
+            return (yield from super().drafting(context, k, sampler, tree))
         chain, self.chain_member = self.policy, None
 
         def policy(member: str) -> tuple[int, KeepGoing]:
@@ -261,7 +261,14 @@ class ChainSpeculation(Speculation):
                 self.chain_member = member
             return member_k, partial(chain.keep_going, member)
 
-        return (yield from self.drafter.drafting_with(context, policy, sampler))
+        def branch_of(member: str) -> Branch | None:
+            return self._branch(chain.controllers[member])
+
+        return (
+            yield from self.drafter.drafting_with(
+                context, policy, sampler, branch_of if tree else None
+            )
+        )
 
     def observe(
         self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index, rows=None
@@ -270,7 +277,9 @@ class ChainSpeculation(Speculation):
             return
         member = self.chain_member if k else None
         caught_up = self._record_feed(member, round_index)
-        measured = self._round(k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up)
+        measured = self._round(
+            k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up, rows
+        )
         self.policy.observe(member, measured)
 
     def _record_feed(self, member: str | None, round_index: int) -> bool:
@@ -312,10 +321,15 @@ def speculation_for(
     kind = kind_of(drafter)
     if drafter is None:
         return Speculation(None, None, 0)
-    if spec.tree != "off" and (kind is not Speculation or not grows_trees(drafter)):
+    if spec.tree != "off" and (kind is ChoiceSpeculation or not grows_trees(drafter)):
         raise ValueError(
             f"drafter {drafter.name}: draft trees grow from a draft model's second choices "
-            "(--drafter model); this drafter proposes chains: use tree='off'"
+            "(--drafter model, or lookup+model); this drafter proposes chains: use tree='off'"
+        )
+    if spec.tree == "auto" and kind is ChainSpeculation and not spec.adaptive:
+        raise ValueError(
+            f"drafter {drafter.name}: tree='auto' in a fallback chain is shaped by its members' "
+            "own measurements, taken with k='auto': use k='auto' (or tree='full')"
         )
     speculation = _made(kind, drafter, policy if spec.adaptive else None, spec)
     speculation.tree = spec.tree

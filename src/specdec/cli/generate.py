@@ -162,7 +162,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "--tree",
         choices=TREES,
         default="off",
-        help="draft trees (--drafter model, int4/int8 runtimes): full adds the draft's second "
+        help="draft trees (the draft model's rounds, int4/int8 runtimes): full adds its second "
         "choice as a leaf beside every chain token, verified in the same pass; auto adds one "
         "only where the extra row's measured cost buys more tokens than it costs. Output stays "
         "exact. Default: off (chains)",
@@ -278,9 +278,10 @@ def run(args: argparse.Namespace) -> int:
             "--drafter ngram needs --ngram-model FILE (make one with 'specdec ngram build')"
         )
     check_choice_k(args.drafter, args.k)
-    if args.tree != "off" and args.drafter != "model":
+    if args.tree != "off" and "model" not in kinds and kinds != ["auto"]:
         raise UsageError(
-            "--tree grows draft trees from the draft model's second choices: add --drafter model"
+            "--tree grows draft trees from the draft model's second choices: use --drafter "
+            "model (or a chain with it, lookup+model)"
         )
     engine = build_engine(args, args.drafter)
     prompt_ids = encode_prompt(engine.target.tokenizer, args.prompt, args.template)

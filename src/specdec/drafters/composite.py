@@ -11,14 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from specdec.drafters.base import (
+    Branch,
     Drafter,
     Drafting,
     KeepGoing,
     Proposal,
     StepwiseDrafter,
     drafting_of,
+    grows_trees,
 )
 from specdec.sampling import Sampler
+from specdec.tree import chain_length
 
 # A member's name -> the k it drafts at (0: it leaves the round to the next) and its early stop
 MemberPolicy = Callable[[str], tuple[int, KeepGoing | None]]
@@ -44,6 +47,8 @@ class FallbackDrafter(StepwiseDrafter):
                 in_front()
         self.name = "+".join(d.name for d in drafters)
         self.vocab_size = common_vocab_size(self.drafters)
+        # a member that grows trees does, when the round is its (``drafting_with``)
+        self.grows_trees = any(grows_trees(d) for d in self.drafters)
 
     def prepare(self, context: Sequence[int]) -> None:
         for drafter in self.drafters:
@@ -55,22 +60,33 @@ class FallbackDrafter(StepwiseDrafter):
         k: int,
         sampler: Sampler | None = None,
         keep_going: KeepGoing | None = None,
+        branch: Branch | None = None,
     ) -> Drafting:
-        """``propose``, one member's draft pass per step (see ``drafters.base.Drafting``)."""
-        return (yield from self.drafting_with(context, lambda _: (k, keep_going), sampler))
+        """``propose``, one member's draft pass per step (see ``drafters.base.Drafting``);
+        ``branch``: the shape of a tree, where the member drafting grows trees."""
+        policy: MemberPolicy = lambda _: (k, keep_going)  # noqa: E731
+        return (yield from self.drafting_with(context, policy, sampler, lambda _: branch))
 
     def drafting_with(
-        self, context: Sequence[int], policy: MemberPolicy, sampler: Sampler | None = None
+        self,
+        context: Sequence[int],
+        policy: MemberPolicy,
+        sampler: Sampler | None = None,
+        branch_of: Callable[[str], Branch | None] | None = None,
     ) -> Drafting:
         """``drafting`` with each member's own k and early stop, ``policy(member name)``
-        (``controller.FallbackK``); a member given k = 0 leaves the round to the next."""
+        (``controller.FallbackK``); a member given k = 0 leaves the round to the next.
+        ``branch_of(member name)``: the shape of its tree, for a member that grows trees."""
         proposal = Proposal([], drafter=self.name)
         for drafter in self.drafters:
             k, keep_going = policy(drafter.name)
             if k <= 0:
                 continue
-            proposal = yield from drafting_of(drafter, context, k, sampler, keep_going)
-            assert len(proposal.token_ids) <= k, f"{drafter.name} proposed more than k tokens"
+            branch = branch_of(drafter.name) if branch_of and grows_trees(drafter) else None
+            proposal = yield from drafting_of(drafter, context, k, sampler, keep_going, branch)
+            assert chain_length(proposal.parents, len(proposal.token_ids)) <= k, (
+                f"{drafter.name} proposed more than k tokens"
+            )
             if proposal.token_ids:
                 return proposal
         return proposal
