@@ -387,3 +387,16 @@ def test_every_system_the_help_names_is_one_the_bench_makes():
     assert all(kind in text for kind in KINDS)
     with pytest.raises(ValueError, match="unknown system"):
         make_system("warp-drive", checker)
+
+
+def test_tree_systems_are_named_on_a_recipe_with_the_draft_model():
+    from specdec.bench.systems import ModelPool, describe, make_system
+
+    pool = ModelPool(None, lambda role, runtime, progress: None)
+    system = make_system("lookup+model-auto:tree-auto@int4", pool)
+    assert system.spec.tree == "auto" and system.spec.k == "auto"
+    assert make_system("model-k3:tree-full", pool).spec.tree == "full"
+    assert "draft tree full" in describe("model-k3:tree-full")
+    for bad in ("lookup-k3:tree-full", "model/eagle-auto:tree-auto", "model-k3:tree-bushy"):
+        with pytest.raises(ValueError, match="tree"):
+            make_system(bad, pool)

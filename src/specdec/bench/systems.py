@@ -341,9 +341,9 @@ def systems_help() -> str:
         f"comma-separated; plain: specdec without drafts; {'; '.join(peers)}; and "
         f"DRAFTER-kN or DRAFTER-auto with DRAFTER a recipe as for --drafter: one of "
         f"{', '.join(KINDS)}, a '+'-joined fallback chain (lookup+model) or a '/'-joined "
-        "choice (model/eagle, k auto only); model-kN or model-auto then :tree-full or "
-        ":tree-auto verify draft trees (--tree). OpenVINO and ONNX systems need the peers extra "
-        "(openvino-int4*: the pair exported by bench/openvino_export.sh; onnx-*: converted "
+        "choice (model/eagle, k auto only); a recipe with the draft model then :tree-full "
+        "or :tree-auto verifies draft trees (--tree). OpenVINO and ONNX systems need the peers "
+        "extra (openvino-int4*: the pair exported by bench/openvino_export.sh; onnx-*: converted "
         "once by its model builder); eagle and medusa need heads (specdec heads make). Each "
         f"may end in @RUNTIME: a transformers runtime ({', '.join(TRANSFORMERS_DTYPES)}) or a "
         f"llama.cpp GGUF type ({', '.join(GGUF_TYPES)}), optionally TARGET/DRAFT, e.g. "
@@ -441,11 +441,13 @@ def make_system(
             "auto only), then :tree-full or :tree-auto for draft trees (model only); each may "
             "end in @RUNTIME"
         )
-    if tree != "off" and (drafter != "model" or tree not in TREES):
+    if tree != "off" and (is_choice(drafter) or "model" not in drafter.split("+")):
         raise ValueError(
-            f"system {name!r}: draft trees grow from the draft model: model-kN or model-auto, "
-            "then :tree-full or :tree-auto"
+            f"system {name!r}: draft trees grow from the draft model, alone or in a chain "
+            "(model-k3:tree-full, lookup+model-auto:tree-auto)"
         )
+    if tree not in TREES:
+        raise ValueError(f"system {name!r}: :tree-{tree}? use :tree-full or :tree-auto")
     if "ngram" in drafter and ngram is None:
         raise ValueError(
             f"system {name!r} needs --ngram-model (make one with 'specdec ngram build')"
