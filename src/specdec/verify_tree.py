@@ -24,10 +24,13 @@ ends with the bonus token from the leaf's row. Exactness of the rejection rule, 
 from the last sibling: one stage is Algorithm 1 for a target p and a draft q, whose rejected
 branch must yield a sample of norm(max(0, p - q)); the stages after it yield exactly that,
 since each is again Algorithm 1 for its own (p, q) whatever that q is, so long as its child
-was drawn from that very q with fresh randomness. Hence the three classic bugs the tests
-inject: siblings drawn with replacement (from q) but verified as without (against q with
-the earlier ones removed), sampled drafts verified as point masses, and a residual not
-renormalised before the next sibling.
+was drawn from that very q with fresh randomness (which children there are may depend on
+anything drawn before, but not on the child's own token). Hence the bugs the tests inject:
+siblings drawn with replacement (from q) but verified as without (against q with the
+earlier ones removed), deterministic (top-k) drafts verified as if sampled from q, a
+residual not renormalised before the next sibling, and a sibling kept only when its own
+token is likely. Point masses are exact for drafts chosen any way at all (the walk is then a
+sample of p matched against the children), sampled ones included, at a lower acceptance.
 """
 
 from __future__ import annotations
