@@ -126,39 +126,33 @@ SPECDEC_CLONES void rope_head(float* x, const float* cos, const float* sin, int6
   for (int64_t j = 0; j < d; ++j) x[j] = x[j] * cos[j] + rotated[j] * sin[j];
 }
 
-// The query rows of the `group` heads that share one kv head, at one position, over its
-// `end` visible keys and values: softmax(q.k * scaling) v for each. The visible keys are the
-// buffer's first `held`, then (a row of a draft tree) `path`'s rows after them: its
-// ancestors' and its own, root first; a causal row has held = end and no path. Each key and
-// value row is read once for the group; each head's numbers are computed in the same order
-// whatever the group and wherever its keys lie, so a tree row's numbers are those of the same
-// path's row computed as a chain, bit for bit.
-SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
-                           const float* values, int64_t end, int64_t held, const int64_t* path,
-                           int64_t d, float scaling, float* scores, float* out) {
-  const auto at = [held, path](int64_t j) { return j < held ? j : held + path[j - held]; };
-  // q.k for four keys at a time: four independent chains of sums, each key's the same.
+// q.k * scaling of the `group` query heads for `n` keys in a row (key j at keys + j * d),
+// into scores[g * stride + j]: four keys at a time, four independent chains of sums, each
+// key's number the same as alone.
+__attribute__((always_inline)) inline void key_scores(const float* q, int64_t group,
+                                                      const float* keys, int64_t n, int64_t d,
+                                                      float scaling, float* scores,
+                                                      int64_t stride) {
   int64_t j = 0;
-  for (; j + 4 <= end; j += 4) {
-    const float* key4[4] = {keys + at(j) * d, keys + at(j + 1) * d, keys + at(j + 2) * d,
-                            keys + at(j + 3) * d};
+  for (; j + 4 <= n; j += 4) {
+    const float* key = keys + j * d;
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * d;
       float acc[4][kLanes] = {};
       int64_t i = 0;
       for (; i + kLanes <= d; i += kLanes) {
         for (int k = 0; k < 4; ++k) {
-          for (int l = 0; l < kLanes; ++l) acc[k][l] += qg[i + l] * key4[k][i + l];
+          for (int l = 0; l < kLanes; ++l) acc[k][l] += qg[i + l] * key[k * d + i + l];
         }
       }
       for (; i < d; ++i) {
-        for (int k = 0; k < 4; ++k) acc[k][i % kLanes] += qg[i] * key4[k][i];
+        for (int k = 0; k < 4; ++k) acc[k][i % kLanes] += qg[i] * key[k * d + i];
       }
-      for (int k = 0; k < 4; ++k) scores[g * end + j + k] = lane_sum(acc[k]) * scaling;
+      for (int k = 0; k < 4; ++k) scores[g * stride + j + k] = lane_sum(acc[k]) * scaling;
     }
   }
-  for (; j < end; ++j) {
-    const float* key = keys + at(j) * d;
+  for (; j < n; ++j) {
+    const float* key = keys + j * d;
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * d;
       float acc[kLanes] = {};
@@ -167,9 +161,43 @@ SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
         for (int l = 0; l < kLanes; ++l) acc[l] += qg[i + l] * key[i + l];
       }
       for (; i < d; ++i) acc[i % kLanes] += qg[i] * key[i];
-      scores[g * end + j] = lane_sum(acc) * scaling;
+      scores[g * stride + j] = lane_sum(acc) * scaling;
     }
   }
+}
+
+// o += p[j] * values[j] for `n` values in a row, in order of j (four a sweep: the same sums).
+__attribute__((always_inline)) inline void add_values(const float* p, const float* values,
+                                                      int64_t n, int64_t d, float* o) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float *v0 = values + j * d, *v1 = v0 + d, *v2 = v1 + d, *v3 = v2 + d;
+    const float p0 = p[j], p1 = p[j + 1], p2 = p[j + 2], p3 = p[j + 3];
+    for (int64_t i = 0; i < d; ++i) {
+      o[i] = (((o[i] + p0 * v0[i]) + p1 * v1[i]) + p2 * v2[i]) + p3 * v3[i];
+    }
+  }
+  for (; j < n; ++j) {
+    const float pj = p[j];
+    const float* v = values + j * d;
+    for (int64_t i = 0; i < d; ++i) o[i] = o[i] + pj * v[i];
+  }
+}
+
+// The query rows of the `group` heads that share one kv head, at one position:
+// softmax(q.k * scaling) v for each, over the `held` keys and values of the buffer and then
+// `n_path` more in a row (a draft tree's row: its path's own, gathered; none for a causal
+// row, whose keys are all in the buffer). Each key and value row is read once for the group;
+// each head's numbers are computed in the same order whatever the group, and a tree row's
+// are those of its path's row computed as a chain, bit for bit (the same keys in the same
+// order: a key's score does not depend on its neighbours, and the values add in order).
+SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
+                           const float* values, int64_t held, const float* path_keys,
+                           const float* path_values, int64_t n_path, int64_t d, float scaling,
+                           float* scores, float* out) {
+  const int64_t end = held + n_path;
+  key_scores(q, group, keys, held, d, scaling, scores, end);
+  key_scores(q, group, path_keys, n_path, d, scaling, scores + held, end);
   for (int64_t g = 0; g < group; ++g) {
     float* s = scores + g * end;
     float top = -INFINITY;
@@ -181,20 +209,8 @@ SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
     for (int64_t j = 0; j < end; ++j) total += s[j];
     float* o = out + g * d;
     for (int64_t i = 0; i < d; ++i) o[i] = 0.0f;
-    int64_t j = 0;
-    for (; j + 4 <= end; j += 4) {  // four keys a sweep: the same sums, in the same order
-      const float *v0 = values + at(j) * d, *v1 = values + at(j + 1) * d,
-                  *v2 = values + at(j + 2) * d, *v3 = values + at(j + 3) * d;
-      const float p0 = s[j], p1 = s[j + 1], p2 = s[j + 2], p3 = s[j + 3];
-      for (int64_t i = 0; i < d; ++i) {
-        o[i] = (((o[i] + p0 * v0[i]) + p1 * v1[i]) + p2 * v2[i]) + p3 * v3[i];
-      }
-    }
-    for (; j < end; ++j) {
-      const float p = s[j];
-      const float* v = values + at(j) * d;
-      for (int64_t i = 0; i < d; ++i) o[i] = o[i] + p * v[i];
-    }
+    add_values(s, values, held, d, o);
+    add_values(s + held, path_values, n_path, d, o);
     const float inverse = 1.0f / total;
     for (int64_t i = 0; i < d; ++i) o[i] *= inverse;
   }
@@ -301,14 +317,25 @@ at::Tensor causal_attention(at::Tensor query, at::Tensor keys, at::Tensor values
   float* o = out.data_ptr<float>();
   at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(group * positions);
+    std::vector<float> path_keys(parents.empty() ? 0 : rows * d),
+        path_values(parents.empty() ? 0 : rows * d);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t r = item / kv_heads, kv = item % kv_heads;
       const int64_t first = (r * heads + kv * group) * d;  // the group's first query head
-      const bool tree = !parents.empty();
-      const int64_t visible = tree ? held + lengths[r] : held + r + 1;
-      attend(qd + first, group, kd + kv * k_stride, vd + kv * v_stride, visible,
-             tree ? held : visible, tree ? paths.data() + r * rows : nullptr, d,
-             static_cast<float>(scaling), scores.data(), o + first);
+      const float *k_head = kd + kv * k_stride, *v_head = vd + kv * v_stride;
+      if (parents.empty()) {
+        attend(qd + first, group, k_head, v_head, held + r + 1, nullptr, nullptr, 0, d,
+               static_cast<float>(scaling), scores.data(), o + first);
+      } else {  // the path's keys and values gathered after the prefix's
+        const int64_t n = lengths[r];
+        for (int64_t p = 0; p < n; ++p) {
+          const int64_t at = held + paths[r * rows + p];
+          std::copy_n(k_head + at * d, d, path_keys.data() + p * d);
+          std::copy_n(v_head + at * d, d, path_values.data() + p * d);
+        }
+        attend(qd + first, group, k_head, v_head, held, path_keys.data(), path_values.data(), n,
+               d, static_cast<float>(scaling), scores.data(), o + first);
+      }
     }
   });
   return out;
