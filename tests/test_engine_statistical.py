@@ -44,6 +44,7 @@ from specdec.drafters import (
     NGramModel,
     PromptLookupDrafter,
 )
+from specdec.metrics import SpecStats
 from specdec.sampling import logits_to_probs
 from specdec.verify import verify_stochastic
 
@@ -146,19 +147,20 @@ def trimmed_copy(model, token_ids):
     return model
 
 
-def sample_positions(engine: Engine, prompt, params: SamplingParams, verification: str):
-    """Counts of generated tokens 1..3 over DRAWS seeded requests, and the stats."""
+def sample_positions(
+    engine: Engine, prompt, params: SamplingParams, verification: str, tree: str = "off"
+) -> tuple[np.ndarray, SpecStats]:
+    """Counts of generated tokens 1..3 over DRAWS seeded requests (k = 2), and their stats
+    merged."""
     counts = np.zeros((POSITIONS, VOCAB))
-    accepted = drafted = bonus = 0
+    stats = []
     for seed in range(DRAWS):
-        spec = SpecConfig(k=2, verification=verification)
+        spec = SpecConfig(k=2, verification=verification, tree=tree)
         out = engine.generate(prompt, replace(params, seed=seed), spec)
         for position, token_id in enumerate(out.token_ids):
             counts[position, token_id] += 1
-        accepted += out.stats.accepted_tokens
-        drafted += out.stats.drafted_tokens
-        bonus += out.stats.bonus_tokens
-    return counts, accepted / max(1, drafted), bonus
+        stats.append(out.stats)
+    return counts, SpecStats.merged(stats)
 
 
 CASES = (
@@ -193,10 +195,10 @@ def test_every_generated_position_follows_the_target(
     params = SETTINGS[setting]
     made = make_drafter[drafter]()
     engine = made if isinstance(made, Engine) else Engine(backend(pair[0]), made)
-    counts, acceptance_rate, bonus = sample_positions(engine, prompt, params, verification)
-    assert 0.05 < acceptance_rate < 0.98, "both acceptance and rejection must be exercised"
+    counts, stats = sample_positions(engine, prompt, params, verification)
+    assert 0.05 < stats.acceptance_rate < 0.98, "both acceptance and rejection must be exercised"
     if "model" in drafter:  # copying drafters seldom have both drafts accepted here
-        assert bonus > 50, "the bonus token must be drawn often enough to be tested"
+        assert stats.bonus_tokens > 50, "the bonus token must be drawn often enough to be tested"
     for position, expected in enumerate(marginals(pair[0], prompt, params)):
         assert_same_distribution(counts[position], expected)
 
@@ -221,7 +223,7 @@ def test_a_wrong_bonus_row_is_caught(pair, prompt, make_drafter, monkeypatch):
     monkeypatch.setattr(specdec.engine, "verify_stochastic", bonus_from_the_wrong_row)
     params = SETTINGS["temperature 1"]
     engine = Engine(backend(pair[0]), make_drafter["model"]())
-    counts, _, _ = sample_positions(engine, prompt, params, "rejection")
+    counts, _ = sample_positions(engine, prompt, params, "rejection")
     with pytest.raises(AssertionError, match="differs|impossible"):
         assert_same_distribution(counts[2], marginals(pair[0], prompt, params)[2])
 
@@ -230,7 +232,7 @@ def test_the_engine_check_catches_a_wrong_distribution(pair, prompt, make_drafte
     """Negative control: another model's marginals differ, and the same check says so."""
     params = SETTINGS["temperature 1"]
     engine = Engine(backend(pair[0]), make_drafter["model"]())
-    counts, _, _ = sample_positions(engine, prompt, params, "rejection")
+    counts, _ = sample_positions(engine, prompt, params, "rejection")
     unrelated = marginals(tiny_llama(seed=99, init=0.3), prompt, params)
     with pytest.raises(AssertionError):
         assert_same_distribution(counts[1], unrelated[1])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 import specdec.verify_tree
@@ -17,7 +16,14 @@ from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_
 from specdec.config import Constraint
 from specdec.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.engine import step_together
-from test_engine_statistical import DRAWS, SETTINGS, marginals, pair, prompt  # noqa: F401
+from test_engine_statistical import (  # noqa: F401
+    DRAWS,
+    SETTINGS,
+    marginals,
+    pair,
+    prompt,
+    sample_positions,
+)
 
 PROMPTS = {"short": [8, 5, 12, 12, 15], "long": [(7 * i + 3) % 31 + 1 for i in range(40)]}
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
@@ -99,20 +105,10 @@ def int8_stat_pair(pair):  # noqa: F811
 
 
 def tree_counts(models, prompt, params, verification, tree="full"):  # noqa: F811
+    """``sample_positions`` with the int8 pair's draft model growing trees."""
     target, draft = models
     engine = Engine(backend(target), ModelDrafter(backend(draft)))
-    counts = np.zeros((3, 32))
-    siblings = taken = accepted = drafted = 0
-    for seed in range(DRAWS):
-        spec = SpecConfig(k=2, verification=verification, tree=tree)
-        out = engine.generate(prompt, replace(params, seed=seed), spec)
-        for position, token_id in enumerate(out.token_ids):
-            counts[position, token_id] += 1
-        siblings += out.stats.sibling_tokens
-        taken += out.stats.sibling_accepted
-        accepted += out.stats.accepted_tokens
-        drafted += out.stats.drafted_tokens
-    return counts, siblings, taken, accepted / drafted
+    return sample_positions(engine, prompt, params, verification, tree)
 
 
 @pytest.mark.parametrize(
@@ -127,9 +123,11 @@ def tree_counts(models, prompt, params, verification, tree="full"):  # noqa: F81
 def test_sampled_trees_follow_the_target(int8_stat_pair, prompt, setting, verification, tree):  # noqa: F811
     """Tree auto: which leaves are kept depends on the drafts, never on a leaf's own token."""
     params = SETTINGS[setting]
-    counts, siblings, taken, rate = tree_counts(int8_stat_pair, prompt, params, verification, tree)
-    assert siblings > DRAWS / 4 and taken > 50, "leaves must be verified and taken often"
-    assert 0.05 < rate < 0.98, "both acceptance and rejection must be exercised"
+    counts, stats = tree_counts(int8_stat_pair, prompt, params, verification, tree)
+    assert stats.sibling_tokens > DRAWS / 4 and stats.sibling_accepted > 50, (
+        "leaves must be verified and taken often"
+    )
+    assert 0.05 < stats.acceptance_rate < 0.98, "both acceptance and rejection must be exercised"
     for position, expected in enumerate(marginals(int8_stat_pair[0], prompt, params)):
         assert_same_distribution(counts[position], expected)
 
@@ -144,7 +142,7 @@ def test_an_unnormalised_residual_is_caught(int8_stat_pair, prompt, monkeypatch)
 
     monkeypatch.setattr(specdec.verify_tree, "_residual", unnormalised)
     params = SETTINGS["temperature 1"]
-    counts, *_ = tree_counts(int8_stat_pair, prompt, params, "rejection")
+    counts, _ = tree_counts(int8_stat_pair, prompt, params, "rejection")
     expected = marginals(int8_stat_pair[0], prompt, params)
     with pytest.raises(AssertionError, match="differs|impossible"):
         for position in range(3):
