@@ -61,23 +61,24 @@ class ModelDrafter(StepwiseDrafter):
         token_ids: list[int] = []
         probs: list[torch.Tensor] = []
         confidences: list[float] = []
-        rows: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # for a tree's leaves
+        dists: list[torch.Tensor] = []  # each depth's distribution, for a tree's leaves
         while True:
             token_id, token_probs = sampler.pick(logits, len(context) + len(token_ids))
-            if branch is not None:
-                rows.append((logits, token_probs))
             token_ids.append(token_id)
             if token_probs is not None:
                 probs.append(token_probs)
-            if keep_going is not None:
-                confidences.append(_confidence(logits, token_id, token_probs))
-                if len(token_ids) < k and not keep_going(confidences):
-                    break
+            if keep_going is not None or branch is not None:
+                dist = _distribution(logits, token_probs)
+                confidences.append(float(dist[token_id]))
+                if branch is not None:
+                    dists.append(dist)
+            if keep_going is not None and len(token_ids) < k and not keep_going(confidences):
+                break
             if len(token_ids) == k:
                 break
             logits = (yield (self.backend, [token_id]))[-1]
         if branch is not None:
-            return self._tree(context, token_ids, probs, rows, sampler, branch)
+            return self._tree(context, token_ids, probs, confidences, dists, sampler, branch)
         return Proposal(
             token_ids,
             torch.stack(probs) if probs else None,
@@ -85,69 +86,61 @@ class ModelDrafter(StepwiseDrafter):
             confidences if keep_going is not None else None,
         )
 
-    def _tree(self, context, token_ids, probs, rows, sampler, branch) -> Proposal:
+    def _tree(self, context, token_ids, probs, confidences, dists, sampler, branch) -> Proposal:
         """The chain and, at the depths ``branch`` picks, the second choice as a leaf."""
-        chain_confidences, seconds = [], []
-        for depth, (logits, token_probs) in enumerate(rows):
-            chosen = token_ids[depth]
-            chain_confidences.append(_confidence(logits, chosen, token_probs))
-            seconds.append(
-                second_choice(logits, token_probs, chosen, sampler, len(context) + depth)
-            )
-        leaves = [
-            d for d in branch(chain_confidences, [s[2] for s in seconds]) if seconds[d][0] >= 0
+        sampled = bool(probs)
+        seconds = [
+            second_choice(dist, sampled, token_ids[depth], sampler, len(context) + depth)
+            for depth, dist in enumerate(dists)
         ]
+        leaves = [d for d in branch(confidences, [s[2] for s in seconds]) if seconds[d][0] >= 0]
         parents = [*chain(len(token_ids)), *(d - 1 for d in leaves)]
         nodes = token_ids + [seconds[d][0] for d in leaves]
         draft_probs = None
         if probs:
             draft_probs = torch.stack([*probs, *(seconds[d][1] for d in leaves)])
-        return Proposal(nodes, draft_probs, self.name, chain_confidences, parents)
+        return Proposal(nodes, draft_probs, self.name, confidences, parents)
 
 
 def second_choice(
-    logits: torch.Tensor,  # [vocab]: the draft's row at this depth
-    probs: torch.Tensor | None,  # the distribution the chain's token came from (None: greedy)
+    dist: torch.Tensor,  # [vocab]: the draft's distribution at this depth (``_distribution``)
+    sampled: bool,  # the chain's token was drawn from ``dist`` (else greedy: its argmax)
     chosen: int,  # the chain's token
     sampler: Sampler,
     position: int,
 ) -> tuple[int, torch.Tensor | None, float]:
-    """The draft's second choice at a depth, the distribution it came from, and the
-    runner-up's probability once the chain's token is ruled out (what decides whether the
-    leaf is verified); -1 where there is none. Drawn as a sibling without replacement:
-    greedy, the runner-up; coupled, the runner-up of the same race; else a sample of the
-    distribution without the chain's token, renormalised (what ``verify_tree`` verifies it
-    against).
+    """The draft's second choice at a depth, the distribution it came from (None: greedy,
+    a point mass), and the runner-up's probability once the chain's token is ruled out (what
+    decides whether the leaf is verified); -1 where there is none. Drawn as a sibling
+    without replacement: greedy, the runner-up; coupled, the runner-up of the same race; else
+    a sample of the distribution without the chain's token, renormalised (what
+    ``verify_tree`` verifies it against).
 
     Exactness: whether a sampled leaf is kept may depend on the chain's tokens but not on
     the leaf's own: kept only when likely, a leaf would no longer be a draw from the
     distribution it is verified against. Hence the runner-up's probability, the same
     whichever token was drawn."""
-    if probs is None:
-        soft = torch.softmax(logits.float(), dim=-1)
-        rest = soft.clone()
-        rest[chosen] = 0.0
-        mass = float(rest.sum())
-        if mass <= 0.0:
-            return -1, None, 0.0
-        token = int(rest.argmax())
-        return token, None, float(rest[token]) / mass
-    rest = probs.clone()
+    rest = dist.clone()
     rest[chosen] = 0.0
     mass = float(rest.sum())
     if mass <= 0.0:
         return -1, None, 0.0
     rest = rest / mass
-    if sampler.coupled:
+    if not sampled:
+        token = int(rest.argmax())
+    elif sampler.coupled:
         token = int(race_scores(rest, sampler.noise_at(position, rest.shape[0])).argmax())
     else:
         token = sample(rest, sampler.generator)
-    return token, rest, float(rest.max())
+    return token, rest if sampled else None, float(rest.max())
+
+
+def _distribution(logits: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
+    """What the draft's confidence in its token is read from: the distribution it was
+    sampled from, or the softmax of the raw logits when greedy."""
+    return probs if probs is not None else torch.softmax(logits.float(), dim=-1)
 
 
 def _confidence(logits: torch.Tensor, token_id: int, probs: torch.Tensor | None) -> float:
-    """The draft's probability of its own token: from the sampled distribution, or the
-    softmax of the raw logits when greedy."""
-    if probs is None:
-        probs = torch.softmax(logits.float(), dim=-1)
-    return float(probs[token_id])
+    """The draft's probability of its own token (``_distribution``)."""
+    return float(_distribution(logits, probs)[token_id])
