@@ -327,6 +327,16 @@ def test_cost_curve_command(model_dirs, capsys):
     assert [int(row[0]) for row in rows] == [1, 2, 3, 4] and float(rows[0][2]) == 1.0
 
 
+def test_cost_curve_after_a_longer_context_and_one_that_does_not_fit(model_dirs, capsys):
+    target, _ = model_dirs
+    command = ["cost", "--model", str(target), "--dtype", "float32", "--max-n", "2"]
+    assert main([*command, "--repeats", "1", "--context", "40"]) == 0
+    assert "after 40 tokens: 1-token step" in capsys.readouterr().out
+    assert main([*command, "--context", "100000"]) == 2
+    assert "do not fit in the model's" in capsys.readouterr().err
+    assert main([*command, "--context", "0"]) == 2
+
+
 def test_tune_command_prints_table_and_saves_plot(model_dirs, tmp_path, capsys):
     target, draft = model_dirs
     prompts = tmp_path / "prompts.txt"

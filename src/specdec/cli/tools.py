@@ -68,8 +68,9 @@ def add_measure_parsers(commands) -> None:
         "cost",
         help="print a model's verify-cost curve v(n) = time(n-token pass) / time(1-token step)",
         description="Speculation pays only if scoring k+1 tokens at once costs little more "
-        "than one step. This measures the median time of an n-token forward pass after a short "
-        "context, for n = 1..--max-n, on the chosen runtime.",
+        "than one step. This measures the median time of an n-token forward pass after a "
+        "context of --context tokens, for n = 1..--max-n, on the chosen runtime. Attention "
+        "grows with the context, so v(n) does too.",
     )
     cost.add_argument(
         "--model",
@@ -96,6 +97,12 @@ def add_measure_parsers(commands) -> None:
         help="transformers runtime precision (default: int8)",
     )
     cost.add_argument("--max-n", type=int, default=9, help="largest block (default: 9)")
+    cost.add_argument(
+        "--context",
+        type=int,
+        default=32,
+        help="tokens already in the cache before each pass (default: 32)",
+    )
     cost.add_argument(
         "--repeats", type=int, default=5, help="timings per block size, median kept (default: 5)"
     )
@@ -267,17 +274,23 @@ def cost(args: argparse.Namespace) -> int:
     from specdec.progress import progress_bar
     from specdec.tune import time_pass
 
-    if not 1 <= args.max_n <= 64 or args.repeats < 1:
-        raise UsageError("--max-n must be in 1..64 and --repeats >= 1")
+    if not 1 <= args.max_n <= 64 or args.repeats < 1 or args.context < 1:
+        raise UsageError("--max-n must be in 1..64, --repeats >= 1 and --context >= 1")
     runtime = parse_runtime(args.runtime, args.dtype, args.gguf_type)
     with progress_bar() as progress:
         model = runtime.load(args.model, args.cache_dir, progress)
-    # 32 ordinary token ids (inside any vocabulary): a short context to attend to.
-    context = [i % model.vocab_size for i in range(1000, 1032)]
+    if model.max_length is not None and args.context + args.max_n > model.max_length:
+        raise UsageError(
+            f"--context {args.context} and --max-n {args.max_n} do not fit in the model's "
+            f"{model.max_length} positions"
+        )
+    # Ordinary token ids (inside any vocabulary): a context to attend to.
+    context = [i % model.vocab_size for i in range(1000, 1000 + args.context)]
     step = time_pass(model, context, 1, args.repeats)
     label = runtime.name
     sys.stdout.write(
-        f"{args.model} on {label}: 1-token step {step * 1e3:.1f} ms\n n   ms     v(n)\n"
+        f"{args.model} on {label} after {args.context} tokens: 1-token step "
+        f"{step * 1e3:.1f} ms\n n   ms     v(n)\n"
     )
     for n in range(1, args.max_n + 1):
         seconds = step if n == 1 else time_pass(model, context, n, args.repeats)

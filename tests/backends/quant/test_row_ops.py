@@ -239,11 +239,15 @@ def test_the_clones_this_cpu_runs_give_the_narrower_builds_bits(ops, threads, bu
     ops.rope_(mine, cos, sin)
     baseline.rope_(theirs, cos, sin)
     assert torch.equal(mine, theirs)
-    keys, values = randn(2, 203, 128, seed=26), randn(2, 203, 128, seed=27)
-    assert torch.equal(
-        ops.causal_attention(rows, keys, values, 0.088),
-        baseline.causal_attention(rows, keys, values, 0.088),
-    )
+    # the 1.5B's heads, the 0.5B's, and a head size that leaves every loop a tail
+    for heads, kv_heads, dim in [(12, 2, 128), (14, 2, 64), (4, 4, 36)]:
+        query = randn(5, heads, dim, seed=23 + dim, scale=3.0)
+        keys, values = randn(kv_heads, 203, dim, seed=26), randn(kv_heads, 203, dim, seed=27)
+        for parents in ([], [-1, 0, 0, 1, 3]):  # causal rows, a draft tree's
+            assert torch.equal(
+                ops.causal_attention(query, keys, values, dim**-0.5, parents),
+                baseline.causal_attention(query, keys, values, dim**-0.5, parents),
+            ), (dim, parents)
     layer = int4.RowInt4Linear(torch.nn.Linear(8960, 64))
     activations = randn(3, 8960, seed=28, scale=2.0)
     for path in range(kernels.best_path() + 1):

@@ -92,6 +92,21 @@ inline F8 load8(const float* p) {
 
 inline void store8(float* p, F8 x) { std::memcpy(p, &x, sizeof(x)); }
 
+// 16 lanes, where lanes need not add up among themselves (one AVX-512 register; two of AVX2).
+typedef float F16 __attribute__((vector_size(64)));
+
+inline F16 load16(const float* p) {
+  F16 out;
+  std::memcpy(&out, p, sizeof(out));
+  return out;
+}
+
+inline void store16(float* p, F16 x) { std::memcpy(p, &x, sizeof(x)); }
+
+typedef int32_t I16 __attribute__((vector_size(64)));
+
+inline F16 exp16(F16 x) { return exp_steps<F16, I16>(x); }
+
 inline float exp_one(float x) { return exp_steps<float, int32_t>(x); }
 inline F8 exp8(F8 x) { return exp_steps<F8, I8>(x); }
 
@@ -126,26 +141,98 @@ SPECDEC_CLONES void rope_head(float* x, const float* cos, const float* sin, int6
   for (int64_t j = 0; j < d; ++j) x[j] = x[j] * cos[j] + rotated[j] * sin[j];
 }
 
+typedef float F4 __attribute__((vector_size(16)));
+
+inline void store4(float* p, F4 x) { std::memcpy(p, &x, sizeof(x)); }
+
+inline F4 halves_added(F8 a) {  // lanes 0-3 plus lanes 4-7
+  return __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+}
+
+// lane_sum of four 8-lane vectors at once, in the registers: lane k is lane_sum(a_k), the
+// same additions in the same order ((0+4)+(1+5))+((2+6)+(3+7)).
+inline F4 lane_sums(F8 a0, F8 a1, F8 a2, F8 a3) {
+  const F4 t0 = halves_added(a0), t1 = halves_added(a1);
+  const F4 t2 = halves_added(a2), t3 = halves_added(a3);
+  // column i of the 4 x 4 matrix whose row k is t_k: c_i[k] = t_k[i]
+  const F4 lo01 = __builtin_shufflevector(t0, t1, 0, 4, 1, 5);
+  const F4 lo23 = __builtin_shufflevector(t2, t3, 0, 4, 1, 5);
+  const F4 hi01 = __builtin_shufflevector(t0, t1, 2, 6, 3, 7);
+  const F4 hi23 = __builtin_shufflevector(t2, t3, 2, 6, 3, 7);
+  const F4 c0 = __builtin_shufflevector(lo01, lo23, 0, 1, 4, 5);
+  const F4 c1 = __builtin_shufflevector(lo01, lo23, 2, 3, 6, 7);
+  const F4 c2 = __builtin_shufflevector(hi01, hi23, 0, 1, 4, 5);
+  const F4 c3 = __builtin_shufflevector(hi01, hi23, 2, 3, 6, 7);
+  return (c0 + c1) + (c2 + c3);
+}
+
+// The largest of n scores (at least one); a NaN never wins. Lane by lane, then across the
+// lanes: the same maximum as a scan in order (the order can only change the sign of a zero
+// maximum, and the scores minus either zero are the same numbers).
+inline float largest(const float* s, int64_t n) {
+  float top = -INFINITY;
+  int64_t j = 0;
+  if (n >= 16) {
+    F16 lanes = F16{} - INFINITY;
+    for (; j + 16 <= n; j += 16) {
+      const F16 x = load16(s + j);
+      lanes = x > lanes ? x : lanes;
+    }
+    for (int l = 0; l < 16; ++l) top = lanes[l] > top ? lanes[l] : top;
+  }
+  for (; j < n; ++j) top = s[j] > top ? s[j] : top;
+  return top;
+}
+
 // q.k * scaling of the `group` query heads for `n` keys in a row (key j at keys + j * d),
 // into scores[g * stride + j]: four keys at a time, four independent chains of sums, each
-// key's number the same as alone.
+// key's number the same as alone. The partial sums are 8-lane vectors held in registers
+// (lane l takes elements l, l + 8, ...); written as arrays of 8 floats, GCC kept them on the
+// stack and merged two keys into one 16-lane register, and attention ran at about 4 products
+// a cycle (measured, bench/attention_rows.py). The same operations either way: the same bits.
 __attribute__((always_inline)) inline void key_scores(const float* q, int64_t group,
                                                       const float* keys, int64_t n, int64_t d,
                                                       float scaling, float* scores,
                                                       int64_t stride) {
+  const int64_t body = d - d % kLanes;  // elements the vectors take; the rest lane by lane
   int64_t j = 0;
+  if (body == d) {  // eight keys at a time: eight chains of sums in flight
+    for (; j + 8 <= n; j += 8) {
+      const float* key = keys + j * d;
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qg = q + g * d;
+        F8 a[8] = {};
+        for (int64_t i = 0; i < d; i += kLanes) {
+          const F8 x = load8(qg + i);
+          for (int k = 0; k < 8; ++k) a[k] = a[k] + x * load8(key + k * d + i);
+        }
+        store4(scores + g * stride + j, lane_sums(a[0], a[1], a[2], a[3]) * scaling);
+        store4(scores + g * stride + j + 4, lane_sums(a[4], a[5], a[6], a[7]) * scaling);
+      }
+    }
+  }
   for (; j + 4 <= n; j += 4) {
     const float* key = keys + j * d;
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * d;
-      float acc[4][kLanes] = {};
-      int64_t i = 0;
-      for (; i + kLanes <= d; i += kLanes) {
-        for (int k = 0; k < 4; ++k) {
-          for (int l = 0; l < kLanes; ++l) acc[k][l] += qg[i + l] * key[k * d + i + l];
-        }
+      F8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+      for (int64_t i = 0; i < body; i += kLanes) {
+        const F8 x = load8(qg + i);
+        a0 = a0 + x * load8(key + i);
+        a1 = a1 + x * load8(key + d + i);
+        a2 = a2 + x * load8(key + 2 * d + i);
+        a3 = a3 + x * load8(key + 3 * d + i);
       }
-      for (; i < d; ++i) {
+      if (body == d) {
+        store4(scores + g * stride + j, lane_sums(a0, a1, a2, a3) * scaling);
+        continue;
+      }
+      float acc[4][kLanes];
+      store8(acc[0], a0);
+      store8(acc[1], a1);
+      store8(acc[2], a2);
+      store8(acc[3], a3);
+      for (int64_t i = body; i < d; ++i) {
         for (int k = 0; k < 4; ++k) acc[k][i % kLanes] += qg[i] * key[k * d + i];
       }
       for (int k = 0; k < 4; ++k) scores[g * stride + j + k] = lane_sum(acc[k]) * scaling;
@@ -155,32 +242,48 @@ __attribute__((always_inline)) inline void key_scores(const float* q, int64_t gr
     const float* key = keys + j * d;
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * d;
-      float acc[kLanes] = {};
-      int64_t i = 0;
-      for (; i + kLanes <= d; i += kLanes) {
-        for (int l = 0; l < kLanes; ++l) acc[l] += qg[i + l] * key[i + l];
-      }
-      for (; i < d; ++i) acc[i % kLanes] += qg[i] * key[i];
+      F8 a = {};
+      for (int64_t i = 0; i < body; i += kLanes) a = a + load8(qg + i) * load8(key + i);
+      float acc[kLanes];
+      store8(acc, a);
+      for (int64_t i = body; i < d; ++i) acc[i % kLanes] += qg[i] * key[i];
       scores[g * stride + j] = lane_sum(acc) * scaling;
     }
   }
 }
 
-// o += p[j] * values[j] for `n` values in a row, in order of j (four a sweep: the same sums).
-__attribute__((always_inline)) inline void add_values(const float* p, const float* values,
-                                                      int64_t n, int64_t d, float* o) {
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    const float *v0 = values + j * d, *v1 = v0 + d, *v2 = v1 + d, *v3 = v2 + d;
-    const float p0 = p[j], p1 = p[j + 1], p2 = p[j + 2], p3 = p[j + 3];
-    for (int64_t i = 0; i < d; ++i) {
-      o[i] = (((o[i] + p0 * v0[i]) + p1 * v1[i]) + p2 * v2[i]) + p3 * v3[i];
-    }
-  }
-  for (; j < n; ++j) {
+// add_values on `blocks` x 16 elements, held in registers for all n values.
+template <int blocks>
+__attribute__((always_inline)) inline void add_value_block(const float* p, const float* values,
+                                                           int64_t n, int64_t d, float* o) {
+  F16 acc[blocks];
+  for (int b = 0; b < blocks; ++b) acc[b] = load16(o + b * 16);
+  for (int64_t j = 0; j < n; ++j) {
     const float pj = p[j];
     const float* v = values + j * d;
-    for (int64_t i = 0; i < d; ++i) o[i] = o[i] + pj * v[i];
+    for (int b = 0; b < blocks; ++b) acc[b] = acc[b] + pj * load16(v + b * 16);
+  }
+  for (int b = 0; b < blocks; ++b) store16(o + b * 16, acc[b]);
+}
+
+// o += p[j] * values[j] for `n` values in a row: each element of o takes its n sums one by
+// one in order of j, whatever the loop around them. A block of 128 (or 64) elements stays in
+// 16-lane registers for all n values (before, o went to memory and back every four values,
+// and its sums waited on the store).
+__attribute__((always_inline)) inline void add_values(const float* p, const float* values,
+                                                      int64_t n, int64_t d, float* o) {
+  int64_t i = 0;
+  for (; i + 128 <= d; i += 128) add_value_block<8>(p, values + i, n, d, o + i);
+  for (; i + 64 <= d; i += 64) add_value_block<4>(p, values + i, n, d, o + i);
+  for (; i + kLanes <= d; i += kLanes) {
+    F8 acc = load8(o + i);
+    for (int64_t j = 0; j < n; ++j) acc = acc + p[j] * load8(values + j * d + i);
+    store8(o + i, acc);
+  }
+  for (; i < d; ++i) {
+    float acc = o[i];
+    for (int64_t j = 0; j < n; ++j) acc = acc + p[j] * values[j * d + i];
+    o[i] = acc;
   }
 }
 
@@ -200,9 +303,9 @@ SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
   key_scores(q, group, path_keys, n_path, d, scaling, scores + held, end);
   for (int64_t g = 0; g < group; ++g) {
     float* s = scores + g * end;
-    float top = -INFINITY;
-    for (int64_t j = 0; j < end; ++j) top = s[j] > top ? s[j] : top;
+    const float top = largest(s, end);
     int64_t e = 0;
+    for (; e + 16 <= end; e += 16) store16(s + e, exp16(load16(s + e) - top));
     for (; e + 8 <= end; e += 8) store8(s + e, exp8(load8(s + e) - top));
     for (; e < end; ++e) s[e] = exp_one(s[e] - top);
     float total = 0.0f;
