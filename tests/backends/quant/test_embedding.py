@@ -37,3 +37,31 @@ def test_an_output_layer_quantized_from_pieces_is_the_whole(quantized):
         assert all(torch.equal(a, b) for a, b in pairs)
     else:
         assert torch.equal(built.packed, whole.packed)
+
+
+def test_rows_kept_between_lookups_stay_the_tables_rows(monkeypatch):
+    """A step's few tokens come from rows kept since an earlier lookup (dequantized once,
+    the oldest dropped past the limit): the same bits, and a kept row is never the tensor
+    handed out (a caller writing into its rows cannot change the table)."""
+    from specdec.backends.quant import embedding as module
+
+    monkeypatch.setattr(module, "CACHED_ROWS", 5)
+    table = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)
+    ggml_type = gguf.GGMLQuantizationType["Q5_0"]
+    blocks = gguf.quants.quantize(table, ggml_type)
+    whole = torch.from_numpy(gguf.dequantize(blocks, ggml_type))
+    embedding = BlockEmbedding(torch.from_numpy(blocks.view(np.uint8)), ggml_type, 64)
+    dequantized = []
+    real_rows = embedding._rows
+    monkeypatch.setattr(
+        embedding, "_rows", lambda tokens: dequantized.append(tokens) or real_rows(tokens)
+    )
+    for ids in ([[3]], [[3, 9]], [[9, 3, 3]], [[1], [2]], [[30, 31, 32, 33]], [[3]]):
+        looked_up = embedding(torch.tensor(ids))
+        assert torch.equal(looked_up, whole[torch.tensor(ids)]), ids
+        looked_up.fill_(0.0)  # the caller's copy only
+    assert dequantized == [[3], [9], [1, 2], [30, 31, 32, 33], [3]]  # 3 dropped, then again
+    assert torch.equal(embedding(torch.tensor([[31, 32]])), whole[torch.tensor([[31, 32]])])
+    assert len(embedding._kept) <= 5
+    prompt = torch.arange(20).reshape(1, 20)  # more than a step's tokens: not kept
+    assert torch.equal(embedding(prompt), whole[prompt]) and 19 not in embedding._kept

@@ -13,9 +13,15 @@
 // after its held positions, attention of each sequence's rows over its own prefix, the o
 // product, the residual sum, norm, the fused gate/up product, the SiLU-gated product, the
 // down product and the residual sum: the functions of int4_linear.cpp and row_ops.cpp on the
-// same inputs, and the sums as the same ATen additions. So the hidden states are transformers'
-// forward's on that model bit for bit (tests/backends/test_layer_stack.py), and a block still
-// equals its steps.
+// same inputs, and the residual sums as the same float additions. So the hidden states are
+// transformers' forward's on that model bit for bit (tests/backends/test_layer_stack.py), and
+// a block still equals its steps.
+//
+// A pass makes its buffers once (the hidden state, summed into in place; the rotated
+// queries; attention's output) and each layer splits the q/k/v rows by head straight into
+// them and into the caches. The views, copies, concatenations and additions it made as ATen
+// calls before, some 20 a layer, were a measurable part of the 0.5B draft's step (bench/
+// results/2026-12-04-draft-step-overhead-epyc-avx512).
 //
 // The int8 runtime's products are fbgemm's (backends/quant/int8.py: a prepacked torch object
 // with no C++ API that torch exports to extensions), so they are called back in Python, holding
@@ -23,7 +29,7 @@
 
 // pybind and tensor conversions only (torch/extension.h, the whole C++ API, parses 12 s longer)
 #include <torch/python.h>
-#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 
 #include <optional>
 #include <vector>
@@ -35,6 +41,13 @@ torch::Tensor silu_mul(torch::Tensor gate_up);
 void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor causal_attention(torch::Tensor query, torch::Tensor keys, torch::Tensor values,
                                double scaling, std::vector<int64_t> parents);
+void attention_into(const float* qd, int64_t rows, int64_t heads, int64_t d, const float* kd,
+                    int64_t k_stride, const float* vd, int64_t v_stride, int64_t kv_heads,
+                    int64_t positions, double scaling, const std::vector<int64_t>& parents,
+                    float* o);
+void split_heads_into(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
+                      int64_t d, const float* cos, const float* sin, float* query, float* keys,
+                      int64_t k_stride, float* values, int64_t v_stride, int64_t first);
 int64_t int4_best_path();
 
 namespace {
@@ -82,8 +95,9 @@ class LayerStack {
                     paths.size() == kPaths * count && calls.size() == paths.size(),
                 "a layer stack: 10 tensors, 2 epsilons, 4 paths and 4 calls a layer");
     for (const pybind11::object& call : calls) python_products_ |= !call.is_none();
-    TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0,
-                "head counts do not match");
+    TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 &&
+                    head_dim % 2 == 0 && head_dim <= 512,
+                "head counts do not match, or a head size that is odd or over 512");
     for (size_t l = 0; l < count; ++l) {
       const torch::Tensor* t = tensors.data() + l * kTensors;
       const int64_t* p = paths.data() + l * kPaths;
@@ -127,42 +141,56 @@ class LayerStack {
       for (int64_t l = 0; l < layers; ++l) {
         for (const torch::Tensor& buffer : {keys[s * layers + l], values[s * layers + l]}) {
           TORCH_CHECK(buffer.dim() == 4 && buffer.size(0) == 1 && buffer.size(1) == kv_heads_ &&
-                          buffer.size(3) == head_dim_ &&
+                          buffer.size(3) == head_dim_ && buffer.is_contiguous() &&
+                          buffer.scalar_type() == torch::kFloat &&
                           buffer.size(2) >= held[s] + starts[s + 1] - starts[s],
-                      "a cache buffer without room for its sequence's new rows");
+                      "a cache buffer (contiguous float32) without room for its sequence's new "
+                      "rows");
         }
       }
     }
-    const int64_t q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
-    torch::Tensor x = hidden.contiguous();
+    const int64_t q_size = heads_ * head_dim_;
+    TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == rows &&
+                    cos.size(1) == head_dim_ && sin.sizes() == cos.sizes(),
+                "cos, sin: [rows, head_dim], contiguous");
+    // The pass's buffers, made once for all layers: the hidden state (added to in place),
+    // the rotated queries and the attention's output.
+    torch::Tensor x = hidden.clone(at::MemoryFormat::Contiguous);
+    const torch::Tensor query = at::empty({rows, q_size}, hidden.options());
+    const torch::Tensor attended = at::empty({rows, q_size}, hidden.options());
+    float *xd = x.data_ptr<float>(), *qd = query.data_ptr<float>();
+    float* ad = attended.data_ptr<float>();
+    const float *cd = cos.data_ptr<float>(), *sd = sin.data_ptr<float>();
+    const int64_t numel = x.numel(), d = head_dim_;
+    const auto add_into_x = [&](const torch::Tensor& y) {  // x + y as ATen adds, in place
+      const torch::Tensor c = y.contiguous();
+      TORCH_CHECK(c.numel() == numel && c.scalar_type() == torch::kFloat, "a product's rows");
+      const float* yd = c.data_ptr<float>();
+      for (int64_t i = 0; i < numel; ++i) xd[i] = xd[i] + yd[i];
+    };
     for (int64_t l = 0; l < layers; ++l) {
       const Layer& layer = layers_[l];
-      torch::Tensor residual = x;
-      const torch::Tensor qkv = layer.qkv(rms_norm(x, layer.input_norm, layer.input_eps));
-      torch::Tensor query = qkv.narrow(1, 0, q_size).reshape({rows, heads_, head_dim_}).contiguous();
-      torch::Tensor key =
-          qkv.narrow(1, q_size, kv_size).reshape({rows, kv_heads_, head_dim_}).contiguous();
-      const torch::Tensor value =
-          qkv.narrow(1, q_size + kv_size, kv_size).reshape({rows, kv_heads_, head_dim_}).contiguous();
-      rope_(query, cos, sin);
-      rope_(key, cos, sin);
-      std::vector<torch::Tensor> outs;
+      const torch::Tensor qkv =
+          layer.qkv(rms_norm(x, layer.input_norm, layer.input_eps)).contiguous();
+      TORCH_CHECK(qkv.size(0) == rows && qkv.size(1) == q_size + 2 * kv_heads_ * d,
+                  "the q/k/v product's width");
+      const float* qkvd = qkv.data_ptr<float>();
       for (int64_t s = 0; s < segments; ++s) {
-        const int64_t first = starts[s], n = starts[s + 1] - starts[s], end = held[s] + n;
-        const torch::Tensor k_buffer = keys[s * layers + l][0], v_buffer = values[s * layers + l][0];
-        k_buffer.narrow(1, held[s], n).copy_(key.narrow(0, first, n).transpose(0, 1));
-        v_buffer.narrow(1, held[s], n).copy_(value.narrow(0, first, n).transpose(0, 1));
+        const int64_t first = starts[s], n = starts[s + 1] - starts[s];
+        const torch::Tensor &k_buffer = keys[s * layers + l], &v_buffer = values[s * layers + l];
+        float *kd = k_buffer.data_ptr<float>(), *vd = v_buffer.data_ptr<float>();
+        const int64_t k_stride = k_buffer.stride(1), v_stride = v_buffer.stride(1);
+        split_heads_into(qkvd + first * qkv.size(1), n, heads_, kv_heads_, d, cd + first * d,
+                         sd + first * d, qd + first * q_size, kd, k_stride, vd, v_stride,
+                         held[s]);
         std::vector<int64_t> tree;
         if (!parents.empty()) tree.assign(parents.begin() + first, parents.begin() + first + n);
-        outs.push_back(causal_attention(query.narrow(0, first, n), k_buffer.narrow(1, 0, end),
-                                        v_buffer.narrow(1, 0, end), scaling_, tree));
+        attention_into(qd + first * q_size, n, heads_, d, kd, k_stride, vd, v_stride, kv_heads_,
+                       held[s] + n, scaling_, tree, ad + first * q_size);
       }
-      const torch::Tensor attended =
-          (outs.size() == 1 ? outs[0] : at::cat(outs, 0)).reshape({rows, q_size}).contiguous();
-      x = residual + layer.o(attended);
-      residual = x;
+      add_into_x(layer.o(attended));
       const torch::Tensor gate_up = layer.gate_up(rms_norm(x, layer.post_norm, layer.post_eps));
-      x = residual + layer.down(silu_mul(gate_up));
+      add_into_x(layer.down(silu_mul(gate_up)));
     }
     return x;
   }

@@ -374,28 +374,43 @@ void rope_(at::Tensor x, at::Tensor cos, at::Tensor sin) {
   }
 }
 
-// query  # [rows, heads, d]; keys, values  # [kv_heads, positions, d], the last `rows`
-// positions being the rows' own. Row i attends to positions 0 .. positions - rows + i; or,
-// given `parents` (one per row: the row it hangs under, -1 for the prefix's last position;
-// a parent comes before its children), to the prefix and its own path of rows: a draft
-// tree's rows, each as its path would be computed as a chain. ->  [rows, heads, d]
-at::Tensor causal_attention(at::Tensor query, at::Tensor keys, at::Tensor values,
-                            double scaling, std::vector<int64_t> parents) {
-  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat, "query: [rows, heads, d]");
-  TORCH_CHECK(keys.dim() == 3 && keys.scalar_type() == at::kFloat &&
-                  values.sizes() == keys.sizes() && values.scalar_type() == at::kFloat,
-              "keys, values: [kv_heads, positions, d] float32");
-  // Keys and values may be views of a larger buffer (backends/kv_buffer.py): any stride
-  // between heads, rows of d contiguous floats.
-  const auto rows_contiguous = [](const at::Tensor& t) {
-    return t.stride(2) == 1 && t.stride(1) == t.size(2) ? t : t.contiguous();
-  };
-  const at::Tensor q = query.contiguous(), k = rows_contiguous(keys),
-                      v = rows_contiguous(values);
-  const int64_t rows = q.size(0), heads = q.size(1), d = q.size(2);
-  const int64_t kv_heads = k.size(0), positions = k.size(1);
-  const int64_t k_stride = k.stride(0), v_stride = v.stride(0);
-  TORCH_CHECK(k.size(2) == d && heads % kv_heads == 0, "head sizes do not match");
+// A fused q/k/v product's rows of one sequence (qkv: [rows, (heads + 2 kv_heads) d]) split
+// by head: its queries rotated into query  # [rows, heads, d]; its keys rotated and, with
+// its values, written at positions first .. first + rows - 1 of the sequence's buffers
+// (kv head h, position p at keys + h * k_stride + p * d). cos, sin: [rows, d]. The same
+// rope_head on the same numbers as rope_ of the heads split apart.
+void split_heads_into(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads,
+                      int64_t d, const float* cos, const float* sin, float* query, float* keys,
+                      int64_t k_stride, float* values, int64_t v_stride, int64_t first) {
+  const int64_t width = (heads + 2 * kv_heads) * d;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = qkv + r * width;
+    const float *c = cos + r * d, *s = sin + r * d;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* q = query + (r * heads + h) * d;
+      std::copy_n(row + h * d, d, q);
+      rope_head(q, c, s, d);
+    }
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      float* k = keys + h * k_stride + (first + r) * d;
+      std::copy_n(row + (heads + h) * d, d, k);
+      rope_head(k, c, s, d);
+      std::copy_n(row + (heads + kv_heads + h) * d, d, values + h * v_stride + (first + r) * d);
+    }
+  }
+}
+
+// The attention of `rows` query rows (q: [rows, heads, d], contiguous) over a kv head's
+// keys and values at k + h * k_stride (positions of d contiguous floats; the last `rows`
+// are the rows' own), into out  # [rows, heads, d]. Row i attends to positions
+// 0 .. positions - rows + i; or, given `parents` (one per row: the row it hangs under, -1
+// for the prefix's last position; a parent comes before its children), to the prefix and
+// its own path of rows: a draft tree's rows, each as its path would be computed as a chain.
+void attention_into(const float* qd, int64_t rows, int64_t heads, int64_t d, const float* kd,
+                    int64_t k_stride, const float* vd, int64_t v_stride, int64_t kv_heads,
+                    int64_t positions, double scaling, const std::vector<int64_t>& parents,
+                    float* o) {
+  TORCH_CHECK(heads % kv_heads == 0, "head sizes do not match");
   TORCH_CHECK(positions >= rows, "the cache must hold the rows' own positions");
   const int64_t held = positions - rows;
   // A tree's paths: row r's rows, root first, at paths[r * rows ...], lengths[r] of them.
@@ -415,9 +430,6 @@ at::Tensor causal_attention(at::Tensor query, at::Tensor keys, at::Tensor values
     }
   }
   const int64_t group = heads / kv_heads;
-  at::Tensor out = at::empty({rows, heads, d}, q.options());
-  const float *qd = q.data_ptr<float>(), *kd = k.data_ptr<float>(), *vd = v.data_ptr<float>();
-  float* o = out.data_ptr<float>();
   at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(group * positions);
     std::vector<float> path_keys(parents.empty() ? 0 : rows * d),
@@ -441,5 +453,28 @@ at::Tensor causal_attention(at::Tensor query, at::Tensor keys, at::Tensor values
       }
     }
   });
+}
+
+// query  # [rows, heads, d]; keys, values  # [kv_heads, positions, d], the last `rows`
+// positions being the rows' own: attention_into. ->  [rows, heads, d]
+at::Tensor causal_attention(at::Tensor query, at::Tensor keys, at::Tensor values,
+                            double scaling, std::vector<int64_t> parents) {
+  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat, "query: [rows, heads, d]");
+  TORCH_CHECK(keys.dim() == 3 && keys.scalar_type() == at::kFloat &&
+                  values.sizes() == keys.sizes() && values.scalar_type() == at::kFloat,
+              "keys, values: [kv_heads, positions, d] float32");
+  // Keys and values may be views of a larger buffer (backends/kv_buffer.py): any stride
+  // between heads, rows of d contiguous floats.
+  const auto rows_contiguous = [](const at::Tensor& t) {
+    return t.stride(2) == 1 && t.stride(1) == t.size(2) ? t : t.contiguous();
+  };
+  const at::Tensor q = query.contiguous(), k = rows_contiguous(keys),
+                      v = rows_contiguous(values);
+  const int64_t rows = q.size(0), heads = q.size(1), d = q.size(2);
+  TORCH_CHECK(k.size(2) == d, "head sizes do not match");
+  at::Tensor out = at::empty({rows, heads, d}, q.options());
+  attention_into(q.data_ptr<float>(), rows, heads, d, k.data_ptr<float>(), k.stride(0),
+                 v.data_ptr<float>(), v.stride(0), k.size(0), k.size(1), scaling, parents,
+                 out.data_ptr<float>());
   return out;
 }
