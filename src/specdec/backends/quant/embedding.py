@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from torch import nn
 
-
 # Rows kept once dequantized, for the one or few tokens of a decoding step: dequantizing a
 # row through gguf-py's numpy code took 0.24 ms inside a step of the 0.5B (whose weights
 # stream through the caches in between; 0.03 ms in a loop of lookups alone), a lookup here
