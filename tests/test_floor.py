@@ -50,6 +50,10 @@ def test_the_floor_is_the_bytes_over_the_read_speed():
     measured = floor.Floor(step_bytes=10**9, step_ms=50.0, bandwidth=25e9)
     assert measured.floor_ms == 40.0 and measured.times_floor == 1.25
     assert measured.line() == "1.00 GB a step, 50.0 ms: its floor 40.0 ms, 1.25x the floor"
+    with_fastest = floor.Floor(step_bytes=10**9, step_ms=50.0, bandwidth=25e9, fastest_ms=44.0)
+    assert with_fastest.line() == (
+        "1.00 GB a step, 50.0 ms: its floor 40.0 ms, 1.25x the floor (the fastest 44.0 ms, 1.10x)"
+    )
     assert floor.size(2_500_000) == "2.50 MB" and floor.size(10**8) == "0.10 GB"
 
 
@@ -70,7 +74,7 @@ def test_doctor_times_each_runtime_of_a_model_against_its_floor(model_dir, tmp_p
     assert re.search(r"memory: reads [\d.]+ GB/s", out)
     for runtime in ("int4", "int8"):
         bytes_read = floor.step_bytes(load_backend(str(model_dir), runtime, cache).model)
-        line = next(
-            line for line in out.splitlines() if line.endswith("x the floor") and runtime in line
-        )
+        line = next(line for line in out.splitlines() if "x the floor" in line and runtime in line)
         assert f"{floor.size(bytes_read)} a step" in line and "MB" in line, line
+        median, fastest = (float(v) for v in re.findall(r"([\d.]+) ms[:,]", line)[::2])
+        assert 0 < fastest <= median, line

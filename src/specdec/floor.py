@@ -68,8 +68,9 @@ class Floor:
     """One model's step against this machine's memory floor."""
 
     step_bytes: int
-    step_ms: float
-    bandwidth: float  # bytes a second
+    step_ms: float  # the median step
+    bandwidth: float  # bytes a second: the fastest read
+    fastest_ms: float | None = None  # the fastest step, measured like the bandwidth
 
     @property
     def floor_ms(self) -> float:
@@ -80,9 +81,14 @@ class Floor:
         return self.step_ms / self.floor_ms
 
     def line(self) -> str:
+        fastest = ""
+        if self.fastest_ms is not None:
+            fastest = (
+                f" (the fastest {self.fastest_ms:.1f} ms, {self.fastest_ms / self.floor_ms:.2f}x)"
+            )
         return (
             f"{size(self.step_bytes)} a step, {self.step_ms:.1f} ms: its floor "
-            f"{self.floor_ms:.1f} ms, {self.times_floor:.2f}x the floor"
+            f"{self.floor_ms:.1f} ms, {self.times_floor:.2f}x the floor{fastest}"
         )
 
 

@@ -85,6 +85,11 @@ def machine_key(model: str, role: str = "draft") -> str:
 def step_ms(backend, repeats: int = REPEATS, tokens: int = 1) -> float:
     """The median pass of ``tokens`` tokens (a one-token step by default) after a 32-token
     context, warm (two untimed passes), cut back to the context after each."""
+    return statistics.median(step_times_ms(backend, repeats, tokens))
+
+
+def step_times_ms(backend, repeats: int = REPEATS, tokens: int = 1) -> list[float]:
+    """Every timed pass of ``step_ms``, in ms."""
     context = [i % backend.vocab_size for i in range(1000, 1032)]
     backend.truncate(0)
     backend.forward(context, last_only=True)
@@ -94,10 +99,10 @@ def step_ms(backend, repeats: int = REPEATS, tokens: int = 1) -> float:
         started = time.perf_counter()
         backend.forward(block, last_only=tokens == 1)
         if index >= 2:
-            times.append(time.perf_counter() - started)
+            times.append(1000 * (time.perf_counter() - started))
         backend.truncate(len(context))
     backend.truncate(0)
-    return 1000 * statistics.median(times)
+    return times
 
 
 def choose(

@@ -5,6 +5,7 @@ machine's verdicts)."""
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 
 from specdec.arguments import Parser, UsageError, add_cache_dir
@@ -244,11 +245,14 @@ def doctor(args: argparse.Namespace | None = None) -> int:
     return 1 if failed else 0
 
 
+FLOOR_STEPS = 40  # steps timed a model for --floor
+
+
 def memory_floor(cache_dir: str | None, models: tuple[str, ...] | None = None) -> None:
     """This machine's read speed, and ``models``' steps (the default pair's) on int4 and int8
     against it."""
     from specdec import floor
-    from specdec.backends.runtime_choice import step_ms
+    from specdec.backends.runtime_choice import step_times_ms
     from specdec.loading import load_backend
     from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelError
     from specdec.progress import progress_bar
@@ -264,7 +268,12 @@ def memory_floor(cache_dir: str | None, models: tuple[str, ...] | None = None) -
             except ModelError as error:  # the int4 kernel that does not build here, ...
                 out.write(f"  {name} on {runtime}: not measured: {error}\n")
                 continue
-            measured = floor.Floor(floor.step_bytes(backend.model), step_ms(backend), bandwidth)
+            # A shared machine's slow spells lengthen some steps: the median and the fastest
+            # of 40 (the bandwidth is the fastest of its reads).
+            times = step_times_ms(backend, repeats=FLOOR_STEPS)
+            measured = floor.Floor(
+                floor.step_bytes(backend.model), statistics.median(times), bandwidth, min(times)
+            )
             out.write(f"  {name} on {runtime}: {measured.line()}\n")
             out.flush()
             del backend
