@@ -63,5 +63,6 @@ def test_rows_kept_between_lookups_stay_the_tables_rows(monkeypatch):
     assert dequantized == [[3], [9], [1, 2], [30, 31, 32, 33], [3]]  # 3 dropped, then again
     assert torch.equal(embedding(torch.tensor([[31, 32]])), whole[torch.tensor([[31, 32]])])
     assert len(embedding._kept) <= 5
+    assert embedding(torch.zeros(1, 0, dtype=torch.long)).shape == (1, 0, 64)  # no tokens
     prompt = torch.arange(20).reshape(1, 20)  # more than a step's tokens: not kept
     assert torch.equal(embedding(prompt), whole[prompt]) and 19 not in embedding._kept

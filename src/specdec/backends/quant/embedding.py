@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 # Rows kept once dequantized, for the one or few tokens of a decoding step: dequantizing a
-# row through gguf-py's numpy code took 0.24 ms inside a step of the 0.5B (whose weights
-# stream through the caches in between; 0.03 ms in a loop of lookups alone), a lookup here
-# a few microseconds. 2,048 rows of the 1.5B: 12.6 MB. A pass of more tokens (a prompt)
-# dequantizes its rows directly.
+# row through gguf-py's numpy code took 0.24 ms of a 0.5B step (measured inside the step,
+# whose weights stream through the caches in between; 0.03 ms in a loop of lookups alone).
+# 2,048 rows of the 1.5B: 12.6 MB. A pass of more tokens (a prompt) dequantizes its rows
+# directly.
 CACHED_ROWS = 2048
 CACHED_LOOKUP = 16  # lookups of at most this many tokens go through the kept rows
 _kept_lock = threading.Lock()  # a server's threads may look up at once
@@ -40,7 +40,7 @@ class BlockEmbedding(nn.Module):
         self._kept: dict[int, torch.Tensor] = {}  # token -> its row, oldest first
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.numel() > CACHED_LOOKUP:
+        if not 0 < ids.numel() <= CACHED_LOOKUP:
             return self._rows(ids.reshape(-1).tolist()).reshape(*ids.shape, self.embedding_dim)
         tokens = ids.reshape(-1).tolist()
         with _kept_lock:
@@ -56,6 +56,9 @@ class BlockEmbedding(nn.Module):
     def _rows(self, tokens: list[int]) -> torch.Tensor:
         """The rows of ``tokens``, dequantized  # [len(tokens), embedding_dim] float32."""
         from gguf import GGMLQuantizationType, dequantize
+
+        if not tokens:  # gguf-py cannot shape no blocks
+            return torch.empty(0, self.embedding_dim)
 
         rows = dequantize(self.blocks.numpy()[tokens], GGMLQuantizationType(self.ggml_type))
         assert rows.shape[-1] == self.embedding_dim, "a row's blocks hold embedding_dim values"
