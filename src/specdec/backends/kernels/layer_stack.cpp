@@ -150,9 +150,10 @@ class LayerStack {
       }
     }
     const int64_t q_size = heads_ * head_dim_;
-    TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == rows &&
-                    cos.size(1) == head_dim_ && sin.sizes() == cos.sizes(),
-                "cos, sin: [rows, head_dim], contiguous");
+    TORCH_CHECK(cos.dim() == 2 && cos.is_contiguous() && sin.is_contiguous() &&
+                    cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat &&
+                    cos.size(0) == rows && cos.size(1) == head_dim_ && sin.sizes() == cos.sizes(),
+                "cos, sin: [rows, head_dim] float32, contiguous");
     // The pass's buffers, made once for all layers: the hidden state (added to in place),
     // the rotated queries and the attention's output.
     torch::Tensor x = hidden.clone(at::MemoryFormat::Contiguous);
@@ -162,7 +163,7 @@ class LayerStack {
     float* ad = attended.data_ptr<float>();
     const float *cd = cos.data_ptr<float>(), *sd = sin.data_ptr<float>();
     const int64_t numel = x.numel(), d = head_dim_;
-    const auto add_into_x = [&](const torch::Tensor& y) {  // x + y as ATen adds, in place
+    const auto add_into_x = [&](const torch::Tensor& y) {  // x = x + y, in place
       const torch::Tensor c = y.contiguous();
       TORCH_CHECK(c.numel() == numel && c.scalar_type() == torch::kFloat, "a product's rows");
       const float* yd = c.data_ptr<float>();
