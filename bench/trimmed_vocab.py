@@ -1,13 +1,13 @@
 """The draft with a trimmed vocabulary (FR-Spec) against the full one, side by side.
 
 python bench/trimmed_vocab.py VOCAB_FILE [--runtime int8|int4] [--workloads code,chat]
-    [--prompts-per-workload 2] [--max-tokens 48]
+    [--prompts-per-workload 2] [--max-tokens 48] [--k auto|N]
 
 Measures, on the default pair with target and draft on ``--runtime`` (default int8): the
 draft's one-token step with the full output layer and with the trimmed one (median of 40,
-interleaved), then decodes the shipped prompts of ``--workloads`` greedily with k=auto, the
-full and the trimmed draft interleaved over two passes, and reports tokens/s, acceptance,
-mean accepted length and whether each output equals plain decoding.
+interleaved), then decodes the shipped prompts of ``--workloads`` greedily (k = --k, auto by
+default), the full and the trimmed draft interleaved over two passes, and reports tokens/s,
+acceptance, mean accepted length and whether each output equals plain decoding.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--runtime", choices=("int8", "int4"), default="int8")
     parser.add_argument("--workloads", default="code,chat")
+    parser.add_argument("--k", default="auto", help="auto, or a fixed number of drafts a round")
     args = parser.parse_args()
     target = load_backend("qwen2.5-coder-1.5b-instruct", args.runtime)
     full = load_backend("qwen2.5-coder-0.5b-instruct", args.runtime)
@@ -73,6 +74,7 @@ def main() -> None:
         "trimmed draft": Engine(target, ModelDrafter(trimmed)),
     }
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    k = args.k if args.k == "auto" else int(args.k)
     rows: dict[tuple[str, str], list] = {}
     for workload in args.workloads.split(","):
         text = resources.files("specdec.bench").joinpath(f"workloads/{workload}.jsonl").read_text()
@@ -83,9 +85,7 @@ def main() -> None:
                 plain = None
                 for name, engine in engines.items():
                     target.truncate(0)
-                    out = engine.generate(
-                        prompt, params, SpecConfig(k="auto" if name != "plain" else 0)
-                    )
+                    out = engine.generate(prompt, params, SpecConfig(k=0 if name == "plain" else k))
                     plain = out.token_ids if name == "plain" else plain
                     rows.setdefault((workload, name), []).append(
                         (out.stats, out.token_ids == plain)
