@@ -80,7 +80,7 @@ class LayerStack:
         self.scaling = float(attention.scaling)
         self._paths: tuple[int, ...] = ()
         self._stack: Any = None
-        self._product_list: list[Any] | None = None
+        self._product_list = self._products()  # the layers' modules stay; only paths move
 
     @classmethod
     def of(cls, layers: Sequence[LayerParts]) -> LayerStack | None:
@@ -113,8 +113,6 @@ class LayerStack:
     def _kernel_stack(self) -> Any:
         """The kernel's object, made again when a product's code path was pinned since (the
         tests and ``--int4-path`` set ``RowInt4Linear.path`` on a loaded model)."""
-        if self._product_list is None:  # the layers' modules stay; only their paths move
-            self._product_list = self._products()
         products = self._product_list
         paths = tuple(_path(product) for product in products)
         if self._stack is None or paths != self._paths:

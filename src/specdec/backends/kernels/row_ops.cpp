@@ -84,26 +84,23 @@ inline F exp_steps(F x) {
   return input != input ? input : y * scale;
 }
 
-inline F8 load8(const float* p) {
-  F8 out;
-  std::memcpy(&out, p, sizeof(out));
-  return out;
-}
-
-inline void store8(float* p, F8 x) { std::memcpy(p, &x, sizeof(x)); }
-
 // 16 lanes, where lanes need not add up among themselves (one AVX-512 register; two of AVX2).
 typedef float F16 __attribute__((vector_size(64)));
+typedef int32_t I16 __attribute__((vector_size(64)));
+typedef float F4 __attribute__((vector_size(16)));
 
-inline F16 load16(const float* p) {
-  F16 out;
+// A vector of floats from memory (any alignment), and back.
+template <typename V>
+inline V load(const float* p) {
+  V out;
   std::memcpy(&out, p, sizeof(out));
   return out;
 }
 
-inline void store16(float* p, F16 x) { std::memcpy(p, &x, sizeof(x)); }
-
-typedef int32_t I16 __attribute__((vector_size(64)));
+template <typename V>
+inline void store(float* p, V x) {
+  std::memcpy(p, &x, sizeof(x));
+}
 
 inline F16 exp16(F16 x) { return exp_steps<F16, I16>(x); }
 
@@ -125,8 +122,8 @@ SPECDEC_CLONES void rms_norm_row(const float* x, const float* weight, float eps,
 SPECDEC_CLONES void silu_mul_row(const float* gate, const float* up, int64_t n, float* out) {
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    const F8 g = load8(gate + j);
-    store8(out + j, (g / (1.0f + exp8(-g))) * load8(up + j));
+    const F8 g = load<F8>(gate + j);
+    store(out + j, (g / (1.0f + exp8(-g))) * load<F8>(up + j));
   }
   for (; j < n; ++j) out[j] = (gate[j] / (1.0f + exp_one(-gate[j]))) * up[j];
 }
@@ -140,10 +137,6 @@ SPECDEC_CLONES void rope_head(float* x, const float* cos, const float* sin, int6
   for (int64_t j = half; j < d; ++j) rotated[j] = x[j - half];
   for (int64_t j = 0; j < d; ++j) x[j] = x[j] * cos[j] + rotated[j] * sin[j];
 }
-
-typedef float F4 __attribute__((vector_size(16)));
-
-inline void store4(float* p, F4 x) { std::memcpy(p, &x, sizeof(x)); }
 
 inline F4 halves_added(F8 a) {  // lanes 0-3 plus lanes 4-7
   return __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
@@ -175,7 +168,7 @@ inline float largest(const float* s, int64_t n) {
   if (n >= 16) {
     F16 lanes = F16{} - INFINITY;
     for (; j + 16 <= n; j += 16) {
-      const F16 x = load16(s + j);
+      const F16 x = load<F16>(s + j);
       lanes = x > lanes ? x : lanes;
     }
     for (int l = 0; l < 16; ++l) top = lanes[l] > top ? lanes[l] : top;
@@ -203,11 +196,11 @@ __attribute__((always_inline)) inline void key_scores(const float* q, int64_t gr
         const float* qg = q + g * d;
         F8 a[8] = {};
         for (int64_t i = 0; i < d; i += kLanes) {
-          const F8 x = load8(qg + i);
-          for (int k = 0; k < 8; ++k) a[k] = a[k] + x * load8(key + k * d + i);
+          const F8 x = load<F8>(qg + i);
+          for (int k = 0; k < 8; ++k) a[k] = a[k] + x * load<F8>(key + k * d + i);
         }
-        store4(scores + g * stride + j, lane_sums(a[0], a[1], a[2], a[3]) * scaling);
-        store4(scores + g * stride + j + 4, lane_sums(a[4], a[5], a[6], a[7]) * scaling);
+        store(scores + g * stride + j, lane_sums(a[0], a[1], a[2], a[3]) * scaling);
+        store(scores + g * stride + j + 4, lane_sums(a[4], a[5], a[6], a[7]) * scaling);
       }
     }
   }
@@ -217,21 +210,21 @@ __attribute__((always_inline)) inline void key_scores(const float* q, int64_t gr
       const float* qg = q + g * d;
       F8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
       for (int64_t i = 0; i < body; i += kLanes) {
-        const F8 x = load8(qg + i);
-        a0 = a0 + x * load8(key + i);
-        a1 = a1 + x * load8(key + d + i);
-        a2 = a2 + x * load8(key + 2 * d + i);
-        a3 = a3 + x * load8(key + 3 * d + i);
+        const F8 x = load<F8>(qg + i);
+        a0 = a0 + x * load<F8>(key + i);
+        a1 = a1 + x * load<F8>(key + d + i);
+        a2 = a2 + x * load<F8>(key + 2 * d + i);
+        a3 = a3 + x * load<F8>(key + 3 * d + i);
       }
       if (body == d) {
-        store4(scores + g * stride + j, lane_sums(a0, a1, a2, a3) * scaling);
+        store(scores + g * stride + j, lane_sums(a0, a1, a2, a3) * scaling);
         continue;
       }
       float acc[4][kLanes];
-      store8(acc[0], a0);
-      store8(acc[1], a1);
-      store8(acc[2], a2);
-      store8(acc[3], a3);
+      store(acc[0], a0);
+      store(acc[1], a1);
+      store(acc[2], a2);
+      store(acc[3], a3);
       for (int64_t i = body; i < d; ++i) {
         for (int k = 0; k < 4; ++k) acc[k][i % kLanes] += qg[i] * key[k * d + i];
       }
@@ -243,9 +236,9 @@ __attribute__((always_inline)) inline void key_scores(const float* q, int64_t gr
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * d;
       F8 a = {};
-      for (int64_t i = 0; i < body; i += kLanes) a = a + load8(qg + i) * load8(key + i);
+      for (int64_t i = 0; i < body; i += kLanes) a = a + load<F8>(qg + i) * load<F8>(key + i);
       float acc[kLanes];
-      store8(acc, a);
+      store(acc, a);
       for (int64_t i = body; i < d; ++i) acc[i % kLanes] += qg[i] * key[i];
       scores[g * stride + j] = lane_sum(acc) * scaling;
     }
@@ -257,13 +250,13 @@ template <int blocks>
 __attribute__((always_inline)) inline void add_value_block(const float* p, const float* values,
                                                            int64_t n, int64_t d, float* o) {
   F16 acc[blocks];
-  for (int b = 0; b < blocks; ++b) acc[b] = load16(o + b * 16);
+  for (int b = 0; b < blocks; ++b) acc[b] = load<F16>(o + b * 16);
   for (int64_t j = 0; j < n; ++j) {
     const float pj = p[j];
     const float* v = values + j * d;
-    for (int b = 0; b < blocks; ++b) acc[b] = acc[b] + pj * load16(v + b * 16);
+    for (int b = 0; b < blocks; ++b) acc[b] = acc[b] + pj * load<F16>(v + b * 16);
   }
-  for (int b = 0; b < blocks; ++b) store16(o + b * 16, acc[b]);
+  for (int b = 0; b < blocks; ++b) store(o + b * 16, acc[b]);
 }
 
 // o += p[j] * values[j] for `n` values in a row: each element of o takes its n sums one by
@@ -276,9 +269,9 @@ __attribute__((always_inline)) inline void add_values(const float* p, const floa
   for (; i + 128 <= d; i += 128) add_value_block<8>(p, values + i, n, d, o + i);
   for (; i + 64 <= d; i += 64) add_value_block<4>(p, values + i, n, d, o + i);
   for (; i + kLanes <= d; i += kLanes) {
-    F8 acc = load8(o + i);
-    for (int64_t j = 0; j < n; ++j) acc = acc + p[j] * load8(values + j * d + i);
-    store8(o + i, acc);
+    F8 acc = load<F8>(o + i);
+    for (int64_t j = 0; j < n; ++j) acc = acc + p[j] * load<F8>(values + j * d + i);
+    store(o + i, acc);
   }
   for (; i < d; ++i) {
     float acc = o[i];
@@ -305,8 +298,8 @@ SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
     float* s = scores + g * end;
     const float top = largest(s, end);
     int64_t e = 0;
-    for (; e + 16 <= end; e += 16) store16(s + e, exp16(load16(s + e) - top));
-    for (; e + 8 <= end; e += 8) store8(s + e, exp8(load8(s + e) - top));
+    for (; e + 16 <= end; e += 16) store(s + e, exp16(load<F16>(s + e) - top));
+    for (; e + 8 <= end; e += 8) store(s + e, exp8(load<F8>(s + e) - top));
     for (; e < end; ++e) s[e] = exp_one(s[e] - top);
     float total = 0.0f;
     for (int64_t j = 0; j < end; ++j) total += s[j];

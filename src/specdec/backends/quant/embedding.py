@@ -40,9 +40,9 @@ class BlockEmbedding(nn.Module):
         self._kept: dict[int, torch.Tensor] = {}  # token -> its row, oldest first
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if not 0 < ids.numel() <= CACHED_LOOKUP:
-            return self._rows(ids.reshape(-1).tolist()).reshape(*ids.shape, self.embedding_dim)
         tokens = ids.reshape(-1).tolist()
+        if not 0 < len(tokens) <= CACHED_LOOKUP:
+            return self._rows(tokens).reshape(*ids.shape, self.embedding_dim)
         with _kept_lock:
             missing = [t for t in dict.fromkeys(tokens) if t not in self._kept]
             if missing:
