@@ -1,13 +1,14 @@
 """The draft with a trimmed vocabulary (FR-Spec) against the full one, side by side.
 
 python bench/trimmed_vocab.py VOCAB_FILE [--runtime int8|int4] [--workloads code,chat]
-    [--prompts-per-workload 2] [--max-tokens 48] [--k auto|N]
+    [--prompts-per-workload 2] [--max-tokens 48] [--k auto|N] [--temperature T]
 
 Measures, on the default pair with target and draft on ``--runtime`` (default int8): the
 draft's one-token step with the full output layer and with the trimmed one (median of 40,
-interleaved), then decodes the shipped prompts of ``--workloads`` greedily (k = --k, auto by
-default), the full and the trimmed draft interleaved over two passes, and reports tokens/s,
-acceptance, mean accepted length and whether each output equals plain decoding.
+interleaved), then decodes the shipped prompts of ``--workloads`` (k = --k, auto by default;
+greedy, or sampled at ``--temperature`` with a seed per prompt, verified coupled), the full
+and the trimmed draft interleaved over two passes, and reports tokens/s, acceptance, mean
+accepted length and whether each output equals plain decoding (the same seed's text).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--runtime", choices=("int8", "int4"), default="int8")
     parser.add_argument("--workloads", default="code,chat")
     parser.add_argument("--k", default="auto", help="auto, or a fixed number of drafts a round")
+    parser.add_argument("--temperature", type=float, default=0.0)
     args = parser.parse_args()
     target = load_backend("qwen2.5-coder-1.5b-instruct", args.runtime)
     full = load_backend("qwen2.5-coder-0.5b-instruct", args.runtime)
@@ -62,7 +64,7 @@ def main() -> None:
         trimmed_steps += step_ms(trimmed, context)
     print(
         f"CPU: {cpu_name()}; runtime {args.runtime}; trimmed vocabulary: {len(ids)} of "
-        f"{full.vocab_size} tokens"
+        f"{full.vocab_size} tokens; k {args.k}; temperature {args.temperature}"
     )
     print(
         f"draft step: full {statistics.median(full_steps):.2f} ms, trimmed "
@@ -73,14 +75,16 @@ def main() -> None:
         "full draft": Engine(target, ModelDrafter(full)),
         "trimmed draft": Engine(target, ModelDrafter(trimmed)),
     }
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     k = args.k if args.k == "auto" else int(args.k)
     rows: dict[tuple[str, str], list] = {}
     for workload in args.workloads.split(","):
         text = resources.files("specdec.bench").joinpath(f"workloads/{workload}.jsonl").read_text()
         prompts = [json.loads(line) for line in text.splitlines() if line.strip()]
-        for item in prompts[: args.prompts_per_workload]:
+        for seed, item in enumerate(prompts[: args.prompts_per_workload]):
             prompt = encode_prompt(target.tokenizer, item["prompt"], item["template"])
+            params = SamplingParams(
+                max_tokens=args.max_tokens, temperature=args.temperature, seed=seed
+            )
             for _ in range(2):
                 plain = None
                 for name, engine in engines.items():

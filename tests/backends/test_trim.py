@@ -117,3 +117,99 @@ def test_vocab_build_and_its_errors(tmp_path, capsys, target_model, tokenizer):
     (tmp_path / "other.json").write_text("{}")
     with pytest.raises(ValueError, match="specdec vocab build"):
         vocab.load(tmp_path / "other.json", VOCAB)
+
+
+# ---- which tokens a draft scores: --draft-vocab auto, full or a file --------------------
+
+
+@pytest.mark.parametrize(
+    ("draft", "vocabulary", "runtime", "expected"),
+    [
+        ("qwen2.5-coder-0.5b-instruct", "auto", "int4", "shipped"),
+        ("qwen2.5-coder-0.5b-instruct", "auto", "int8", "shipped"),
+        ("qwen2.5-coder-1.5b-instruct", "auto", "int4", "shipped"),  # same family and width
+        ("qwen2.5-coder-0.5b-instruct", "auto", "bfloat16", None),  # not measured there
+        ("qwen2.5-coder-0.5b-instruct", "auto", "float32", None),
+        ("qwen2.5-coder-0.5b-instruct", "auto", "llamacpp:q4_0", None),  # cannot trim
+        ("qwen2.5-coder-0.5b-instruct", "full", "int4", None),
+        ("qwen2.5-coder-0.5b-instruct", None, "int4", None),
+        ("smollm2-135m-instruct", "auto", "int4", None),  # no file ships for its family
+        ("/models/my-draft", "auto", "int4", None),  # not a catalog model
+        ("/models/my-draft", "mine.json", "bfloat16", "mine.json"),  # a file is a file
+    ],
+)
+def test_auto_trims_catalog_qwen_drafts_on_int8_and_int4_only(draft, vocabulary, runtime, expected):
+    from specdec import vocab
+    from specdec.runtime import draft_vocabulary
+
+    chosen = draft_vocabulary(draft, vocabulary, runtime)
+    assert chosen == (vocab.shipped("qwen2.5") if expected == "shipped" else expected)
+
+
+def test_the_shipped_vocabulary_fits_the_qwen_drafts_and_keeps_their_special_tokens():
+    """The file loads for a 151,936-logit Qwen2.5 model and no other width; it holds the end
+    and chat-marker tokens every answer needs (<|endoftext|>, <|im_start|>, <|im_end|>) and a
+    fifth of the vocabulary, sorted and distinct."""
+    from specdec import vocab
+
+    path = vocab.shipped("qwen2.5")
+    assert path is not None and vocab.shipped("smollm2") is None
+    ids = vocab.load(path, 151936)
+    assert ids == sorted(set(ids)) and ids[0] >= 0 and ids[-1] < 151936
+    assert {151643, 151644, 151645} <= set(ids)
+    assert 20_000 < len(ids) < 40_000
+    with pytest.raises(ValueError, match="made for a 151936-token vocabulary"):
+        vocab.load(path, 49152)
+
+
+def test_load_draft_trims_as_told(tmp_path, monkeypatch, model_dir):
+    """auto takes the file shipped for a catalog draft's family (here the tiny model stands
+    in for the catalog's draft, a tiny file for the shipped one), full and a non-catalog
+    draft take none, a file is taken as is; the draft keeps the runtime it was asked for."""
+    from specdec import runtime, vocab
+    from specdec.backends.trim import TrimmedHead
+    from specdec.models import DEFAULT_DRAFT
+    from specdec.runtime import load_draft
+
+    subset = tmp_path / "subset.json"
+    vocab.save(subset, SUBSET, "tiny", VOCAB, {})
+
+    def head_ids(vocabulary):
+        backend, runtime = load_draft(str(model_dir), "int8", vocabulary=vocabulary)
+        assert runtime.name == "int8"
+        head = backend.model.get_output_embeddings()
+        return head.token_ids.tolist() if isinstance(head, TrimmedHead) else None
+
+    assert head_ids("auto") is None  # not in the catalog
+    assert head_ids(str(subset)) == sorted(set(SUBSET))
+    real = runtime.draft_vocabulary
+
+    def as_catalog(draft, vocabulary, on):
+        return real(DEFAULT_DRAFT if draft == str(model_dir) else draft, vocabulary, on)
+
+    monkeypatch.setattr(runtime, "draft_vocabulary", as_catalog)
+    monkeypatch.setattr(vocab, "shipped", {"qwen2.5": str(subset)}.get)
+    assert head_ids("auto") == sorted(set(SUBSET))
+    assert head_ids("full") is None
+
+
+def test_generate_takes_draft_vocab_auto_full_and_a_file(tmp_path, capsys, model_dir):
+    """The same greedy text whatever the draft scores; a bad file is one line, exit 2."""
+    from specdec import vocab
+
+    subset = tmp_path / "subset.json"
+    vocab.save(subset, SUBSET, "tiny", VOCAB, {})
+    base = ["generate", "ab", "--target", str(model_dir), "--draft", str(model_dir)]
+    base += ["--dtype", "int8", "--max-tokens", "8", "--json", "-k", "3"]
+    texts = []
+    for choice in ("auto", "full", str(subset)):
+        assert main([*base, "--draft-vocab", choice]) == 0
+        texts.append(json.loads(capsys.readouterr().out)["text"])
+    assert texts[0] == texts[1] == texts[2]
+    (tmp_path / "other.json").write_text("{}")
+    for bad, why in (("missing.json", "not a readable vocabulary file"), ("other.json", "made by")):
+        with pytest.raises(SystemExit) as exit_code:  # refused while parsing: nothing loaded
+            main([*base, "--draft-vocab", str(tmp_path / bad)])
+        assert exit_code.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "argument --draft-vocab" in err and why in err

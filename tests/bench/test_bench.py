@@ -86,6 +86,17 @@ def test_markdown_table_lists_each_system(report):
     table = (report / "results.md").read_text()
     assert "| code | model-k4 |" in table and "speedup vs plain" in table
     assert "by position (1, 2, 3)" in table
+    assert "Draft vocabulary: full." in table  # tiny models: no vocabulary ships for them
+
+
+def test_the_report_says_what_the_draft_scores():
+    from specdec.bench.command import _vocab_label
+
+    auto = _vocab_label("auto", "qwen2.5-coder-0.5b-instruct")
+    assert auto == "auto (qwen2.5.vocab.json on int8 and int4, else full)"
+    assert _vocab_label("auto", "./my-draft").startswith("auto (full")
+    assert _vocab_label("full", "qwen2.5-coder-0.5b-instruct") == "full"
+    assert _vocab_label("code.vocab.json", "./my-draft") == "code.vocab.json"
 
 
 def test_unknown_system_is_an_error(capsys):

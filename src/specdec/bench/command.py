@@ -9,7 +9,7 @@ import platform
 import sys
 from pathlib import Path
 
-from specdec.arguments import add_cache_dir
+from specdec.arguments import add_cache_dir, add_draft_vocab
 from specdec.bench.harness import (
     WORKLOADS,
     load_workload_file,
@@ -96,6 +96,7 @@ def add_parser(commands) -> None:
         "are also tested position by position against the target's distribution",
     )
     p.add_argument("--out", help="report folder (default: bench/results/DATE)")
+    add_draft_vocab(p, "the draft model of specdec's systems on int8, int4, bfloat16 or float32: ")
     add_cache_dir(p)
 
 
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         items = load_workloads([w.strip() for w in args.workloads.split(",")], per_workload)
     params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
-    pool, target_label = _pool(args)
+    pool, target_label, draft_vocab = _pool(args)
     systems = {
         name: make_system(name, pool, ngram, args.dtype, args.verification) for name in names
     }
@@ -170,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "temperature": args.temperature,
         "prompts": len(items),
+        "draft_vocab": draft_vocab,
     }
     paths = write_reports(out_dir, meta, rows, runs_to_json(runs), descriptions, distribution)
     sys.stdout.write(paths["markdown"].read_text())
@@ -198,8 +200,9 @@ def _have_llamacpp() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def _pool(args: argparse.Namespace) -> tuple[ModelPool, str]:
-    """Loaders for every (role, runtime) the systems need; each runs once, on first need."""
+def _pool(args: argparse.Namespace) -> tuple[ModelPool, str, str]:
+    """Loaders for every (role, runtime) the systems need; each runs once, on first need. The
+    pool, the target's label and what the draft scores (``--draft-vocab``, as resolved)."""
     if args.quick:
         from specdec.bench.tiny import char_tokenizer, perturbed_copy, tiny_llama
 
@@ -216,13 +219,18 @@ def _pool(args: argparse.Namespace) -> tuple[ModelPool, str]:
                 return make_int4_batch_invariant(model)
             return model.to(torch_dtype(dtype))
 
-        return ModelPool(char_tokenizer(), load_tiny), "tiny random Llama (quick mode)"
+        quick = "tiny random Llama (quick mode)"
+        return ModelPool(char_tokenizer(), load_tiny), quick, "full"
     from specdec.loading import load_backend, load_tokenizer
+    from specdec.runtime import score_draft_vocabulary
 
     specs = {"target": args.target, "draft": args.draft}
 
     def load_hf(role: str, dtype: str, progress):
-        return load_backend(specs[role], dtype, args.cache_dir, progress).model
+        backend = load_backend(specs[role], dtype, args.cache_dir, progress)
+        if role == "draft":
+            score_draft_vocabulary(backend, specs[role], args.draft_vocab, dtype)
+        return backend.model
 
     def load_gguf(role: str, gguf_type: str, progress):
         return load_backend(
@@ -274,7 +282,19 @@ def _pool(args: argparse.Namespace) -> tuple[ModelPool, str]:
         args.target,
         onnx_dir=onnx_dir,
     )
-    return pool, args.target
+    return pool, args.target, _vocab_label(args.draft_vocab, args.draft)
+
+
+def _vocab_label(vocabulary: str, draft: str) -> str:
+    """``--draft-vocab`` in words for the report: auto says which file it takes where."""
+    from specdec.runtime import SAME_TEXT_AS_PLAIN, draft_vocabulary
+
+    if vocabulary != "auto":
+        return vocabulary
+    shipped = draft_vocabulary(draft, vocabulary, SAME_TEXT_AS_PLAIN[0])
+    if shipped is None:
+        return "auto (full: no vocabulary ships for this draft)"
+    return f"auto ({Path(shipped).name} on {' and '.join(SAME_TEXT_AS_PLAIN)}, else full)"
 
 
 def torch_dtype(name: str):

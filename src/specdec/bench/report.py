@@ -191,6 +191,8 @@ def write_reports(
         )
     )
     header = f"# specdec bench, {meta['date']}\n\n{meta['machine']}\n\n`{meta['command']}`\n\n"
+    if meta.get("draft_vocab"):
+        header += f"Draft vocabulary: {meta['draft_vocab']}.\n\n"
     text = header + markdown_table(rows, descriptions)
     if distribution:
         text += distribution_markdown(distribution)

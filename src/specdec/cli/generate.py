@@ -8,6 +8,7 @@ import sys
 from specdec.arguments import (
     UsageError,
     add_cache_dir,
+    add_draft_vocab,
     check_choice_k,
     drafter_kinds,
     k_value,
@@ -113,13 +114,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "drafter behind it)",
     )
     p.add_argument("--ngram-model", help="ngram: a file made by 'specdec ngram build'")
-    p.add_argument(
-        "--draft-vocab",
-        help="model drafter: score only the tokens in this file (made by 'specdec vocab "
-        "build'); a cheaper draft step, the same exact output (drafts on int8, int4 or "
-        "float runtimes; with --draft-runtime auto, the target's runtime when it is int8 or "
-        "int4)",
-    )
+    add_draft_vocab(p)
     p.add_argument(
         "-k",
         type=k_value,

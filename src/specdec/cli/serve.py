@@ -6,7 +6,13 @@ import argparse
 import os
 import sys
 
-from specdec.arguments import UsageError, add_cache_dir, check_choice_k, k_value
+from specdec.arguments import (
+    UsageError,
+    add_cache_dir,
+    add_draft_vocab,
+    check_choice_k,
+    k_value,
+)
 from specdec.config import DEFAULT_MAX_ROWS
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.runtime import HELP as RUNTIME_HELP
@@ -90,6 +96,7 @@ def add_parser(commands) -> None:
         "int8 or int4, whichever steps the draft faster here (the target's own when within "
         "5%%); not llama.cpp, whose passes cannot join the batch",
     )
+    add_draft_vocab(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument(
@@ -237,6 +244,7 @@ def server_config(args: argparse.Namespace, threads: int | None):
         dtype=args.dtype,
         target_runtime=args.target_runtime,
         draft_runtime=args.draft_runtime,
+        draft_vocab=args.draft_vocab,
         cache_dir=args.cache_dir,
         drafter=args.drafter,
         k=args.k,

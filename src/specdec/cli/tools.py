@@ -8,12 +8,17 @@ import argparse
 import statistics
 import sys
 
-from specdec.arguments import Parser, UsageError, add_cache_dir
+from specdec.arguments import Parser, UsageError, add_cache_dir, add_draft_vocab
 from specdec.config import SamplingParams
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES
 from specdec.prompting import encode_prompt, read_prompt_file
 from specdec.runtime import HELP as RUNTIME_HELP
-from specdec.runtime import TRANSFORMERS_DTYPES, parse_runtime, runtime_value
+from specdec.runtime import (
+    TRANSFORMERS_DTYPES,
+    parse_runtime,
+    runtime_value,
+    score_draft_vocabulary,
+)
 
 
 def add_measure_parsers(commands) -> None:
@@ -64,6 +69,7 @@ def add_measure_parsers(commands) -> None:
     )
     tune.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     tune.add_argument("--out", default="tune-results", help="folder for tune.json and tune.png")
+    add_draft_vocab(tune, "")
     add_cache_dir(tune)
     cost = commands.add_parser(
         "cost",
@@ -340,6 +346,7 @@ def tune(args: argparse.Namespace) -> int:
         ]
         target = runtimes[0].load(args.target, args.cache_dir, progress)
         draft = runtimes[1].load(args.draft, args.cache_dir, progress)
+        score_draft_vocabulary(draft, args.draft, args.draft_vocab, runtimes[1].name)
         prompts = [
             encode_prompt(target.tokenizer, text, template)
             for text, template in items[: args.limit]
@@ -383,8 +390,12 @@ def vocab_build(args: argparse.Namespace) -> int:
         raise UsageError(f"--size must be >= 1, got {args.size}")
     files, tokenizer, vocab_size = _corpus_tokenizer(args)
     counts = vocab.count_tokens((f.read_text(errors="replace") for f in files), tokenizer)
-    special = [int(t) for t in getattr(tokenizer, "all_special_ids", []) if 0 <= t < vocab_size]
-    token_ids = vocab.top_tokens(counts, args.size, special)
+    # Every special token (end of text, the chat markers, fill-in-the-middle...): an answer
+    # may need one that the corpus never holds.
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    special = {int(t) for t in getattr(tokenizer, "all_special_ids", [])}
+    special |= {int(t) for t, token in added.items() if getattr(token, "special", False)}
+    token_ids = vocab.top_tokens(counts, args.size, (t for t in special if 0 <= t < vocab_size))
     total = sum(counts.values())
     covered = sum(counts[t] for t in token_ids)
     meta = {"files": len(files), "corpus_tokens": total, "coverage": covered / max(1, total)}

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specdec.arguments import add_cache_dir
+from specdec.arguments import add_cache_dir, add_draft_vocab
 from specdec.heads.data import CORPUS_SUFFIXES
 from specdec.heads.evaluate import POSITIONS_PER_CHUNK
 from specdec.heads.make import REPLY_TOKENS
@@ -197,10 +197,7 @@ def add_parser(commands, parser_class) -> None:
         "Only the default configuration informs --drafter auto; others are recorded under "
         "their own name for comparison",
     )
-    evaluate.add_argument(
-        "--draft-vocab",
-        help="--kind model: a trimmed draft vocabulary file (specdec vocab build)",
-    )
+    add_draft_vocab(evaluate, "--kind model: ")
     evaluate.add_argument("--max-k", type=int, default=4, help="chain length to score (4)")
     evaluate.add_argument(
         "--positions",

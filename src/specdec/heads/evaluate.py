@@ -173,6 +173,7 @@ def run_command(
     max_k = args.max_k
     label = args.kind
     if args.kind == "model":
+        from specdec import vocab
         from specdec.drafters import ModelDrafter
         from specdec.runtime import load_draft
 
@@ -181,10 +182,9 @@ def run_command(
             args.draft_vocab,
         )  # fmt: skip
         runtime = draft_on.library  # the label names the library, as before
-        default = args.draft_runtime == "auto" and not args.draft_vocab
-        label = (
-            "model" if default else f"model-{runtime}" + ("-trimmed" if args.draft_vocab else "")
-        )
+        default = args.draft_runtime == "auto" and args.draft_vocab == vocab.AUTO
+        suffix = {vocab.AUTO: "", vocab.FULL: "-full"}.get(args.draft_vocab, "-trimmed")
+        label = "model" if default else f"model-{runtime}{suffix}"
 
         def make_drafter(backend):
             return ModelDrafter(draft)

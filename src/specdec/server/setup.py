@@ -25,6 +25,7 @@ class ServerConfig:
     dtype: str | None = None  # both models' transformers precision; None: chosen (auto)
     target_runtime: str = "auto"  # a runtime value (specdec.runtime), or auto: as generate
     draft_runtime: str = "auto"  # auto: int8 or int4, measured (passes that batch)
+    draft_vocab: str = "auto"  # auto, full or a vocabulary file (runtime.draft_vocabulary)
     cache_dir: str | None = None
     drafter: str = "model"
     k: int | str = "auto"
@@ -96,7 +97,7 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
     if config.draft is not None and "model" in default_drafter:
         loaded, _ = load_draft(
             config.draft, config.draft_runtime, config.cache_dir, progress, config.dtype,
-            target_on, batched=True,
+            target_on, config.draft_vocab, batched=True,
         )  # fmt: skip
         draft = source_of(loaded)  # the scheduler makes each request's sequences of it
     scheduler = Scheduler(
