@@ -78,3 +78,32 @@ def test_doctor_times_each_runtime_of_a_model_against_its_floor(model_dir, tmp_p
         assert f"{floor.size(bytes_read)} a step" in line and "MB" in line, line
         median, fastest = (float(v) for v in re.findall(r"([\d.]+) ms[:,]", line)[::2])
         assert 0 < fastest <= median, line
+
+
+def test_doctor_times_the_draft_as_it_drafts_too(model_dir, tmp_path, monkeypatch, capsys):
+    """A draft that --draft-vocab auto trims is timed twice: whole, and scoring the shipped
+    vocabulary (fewer bytes a step). The tiny model stands in for the catalog's draft."""
+    from specdec import runtime, vocab
+    from specdec.cli.tools import memory_floor
+
+    subset = tmp_path / "subset.json"
+    vocab.save(subset, list(range(0, 32, 2)), "tiny", 32, {})
+    monkeypatch.setattr(
+        runtime, "draft_vocabulary", lambda draft, choice, on: str(subset) if choice else None
+    )
+    monkeypatch.setattr("specdec.cli.tools.draft_vocabulary", runtime.draft_vocabulary)
+    from specdec.loading import load_backend
+
+    name, cache = str(model_dir), str(tmp_path / "cache")
+    memory_floor(cache, models=(name,), drafts=(name,))
+    lines = capsys.readouterr().out.splitlines()
+    for on in ("int4", "int8"):
+        backend = load_backend(name, on, cache)
+        whole = floor.step_bytes(backend.model)
+        runtime.score_draft_vocabulary(backend, name, "auto", on)
+        trimmed = floor.step_bytes(backend.model)
+        assert trimmed < whole
+        line = next(line for line in lines if f"{name} on {on} as a draft (16 tokens" in line)
+        assert f"{floor.size(trimmed)} a step" in line, line
+    memory_floor(cache, models=(name,), drafts=())
+    assert "as a draft" not in capsys.readouterr().out

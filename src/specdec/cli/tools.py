@@ -15,6 +15,7 @@ from specdec.prompting import encode_prompt, read_prompt_file
 from specdec.runtime import HELP as RUNTIME_HELP
 from specdec.runtime import (
     TRANSFORMERS_DTYPES,
+    draft_vocabulary,
     parse_runtime,
     runtime_value,
     score_draft_vocabulary,
@@ -177,8 +178,9 @@ def add_file_parsers(commands) -> None:
         action="store_true",
         help="also measure this machine's memory read speed and time the default pair's "
         "one-token steps on int4 and int8 against it: bytes read a step, the floor those "
-        "bytes set, the step's multiple of it (loads the pair; their runtime forms are made "
-        "on first use, minutes)",
+        "bytes set, the step's multiple of it; the draft also as it drafts, scoring the "
+        "shipped vocabulary (loads the pair; their runtime forms are made on first use, "
+        "minutes)",
     )
     add_cache_dir(doctor_parser)
 
@@ -254,9 +256,14 @@ def doctor(args: argparse.Namespace | None = None) -> int:
 FLOOR_STEPS = 40  # steps timed a model for --floor
 
 
-def memory_floor(cache_dir: str | None, models: tuple[str, ...] | None = None) -> None:
+def memory_floor(
+    cache_dir: str | None,
+    models: tuple[str, ...] | None = None,
+    drafts: tuple[str, ...] | None = None,
+) -> None:
     """This machine's read speed, and ``models``' steps (the default pair's) on int4 and int8
-    against it."""
+    against it; those of ``drafts`` (the default draft) also as generate drafts with them,
+    scoring the shipped vocabulary (``--draft-vocab auto``)."""
     from specdec import floor
     from specdec.backends.runtime_choice import step_times_ms
     from specdec.loading import load_backend
@@ -266,6 +273,18 @@ def memory_floor(cache_dir: str | None, models: tuple[str, ...] | None = None) -
     bandwidth = floor.read_bandwidth()
     out = sys.stdout
     out.write(f"memory: reads {bandwidth / 1e9:.1f} GB/s (a sum over 1 GiB, the fastest of 5)\n")
+
+    def measure(label: str, backend) -> None:
+        # A shared machine's slow spells lengthen some steps: the median and the fastest of
+        # 40 (the bandwidth is the fastest of its reads).
+        times = step_times_ms(backend, repeats=FLOOR_STEPS)
+        measured = floor.Floor(
+            floor.step_bytes(backend.model), statistics.median(times), bandwidth, min(times)
+        )
+        out.write(f"  {label}: {measured.line()}\n")
+        out.flush()
+
+    drafts = (DEFAULT_DRAFT,) if drafts is None else drafts
     for name in models or (DEFAULT_DRAFT, DEFAULT_TARGET):
         for runtime in ("int4", "int8"):
             try:
@@ -274,14 +293,11 @@ def memory_floor(cache_dir: str | None, models: tuple[str, ...] | None = None) -
             except ModelError as error:  # the int4 kernel that does not build here, ...
                 out.write(f"  {name} on {runtime}: not measured: {error}\n")
                 continue
-            # A shared machine's slow spells lengthen some steps: the median and the fastest
-            # of 40 (the bandwidth is the fastest of its reads).
-            times = step_times_ms(backend, repeats=FLOOR_STEPS)
-            measured = floor.Floor(
-                floor.step_bytes(backend.model), statistics.median(times), bandwidth, min(times)
-            )
-            out.write(f"  {name} on {runtime}: {measured.line()}\n")
-            out.flush()
+            measure(f"{name} on {runtime}", backend)
+            if name in drafts and draft_vocabulary(name, "auto", runtime):
+                score_draft_vocabulary(backend, name, "auto", runtime)
+                tokens = len(backend.model.get_output_embeddings().token_ids)
+                measure(f"{name} on {runtime} as a draft ({tokens:,} tokens scored)", backend)
             del backend
 
 
