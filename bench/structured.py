@@ -1,5 +1,7 @@
 """Structured output on the default pair: plain constrained decoding against speculative
-constrained decoding, without and with the grammar's forced tokens as drafts (issue 50).
+constrained decoding, without and with the grammar's forced tokens as drafts, k = 4 and k auto
+(issue 50). The draft is loaded as generate loads it (``runtime.load_draft``: on int8 and int4
+it scores the shipped vocabulary).
 
     python bench/structured.py [--runtime int4] [--max-tokens 128] [--passes 2] [--out DIR]
 
@@ -27,6 +29,7 @@ from specdec.loading import load_backend
 from specdec.machine import cpu_kind, cpu_name
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompting import encode_prompt
+from specdec.runtime import load_draft
 
 SCHEMAS = {
     "person": (
@@ -89,6 +92,7 @@ SYSTEMS = {  # name: how it speculates, whether the grammar is on
     "plain constrained": (SpecConfig(k=0), True),
     "speculative (model k=4)": (SpecConfig(k=4, forced_drafts=False), True),
     "speculative + forced (model k=4)": (SpecConfig(k=4), True),
+    "speculative + forced (model k auto)": (SpecConfig(k="auto"), True),
 }
 
 
@@ -122,7 +126,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     target = load_backend(DEFAULT_TARGET, args.runtime)
-    draft = load_backend(DEFAULT_DRAFT, args.runtime)
+    draft, _ = load_draft(DEFAULT_DRAFT, args.runtime, target_runtime=args.runtime)  # as generate
     rows: dict[tuple[str, str], list] = {}
     plain_tokens: dict[str, list[int]] = {}
     for _ in range(args.passes):
