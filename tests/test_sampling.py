@@ -102,3 +102,102 @@ def test_a_seeded_generator_restores_like_any_other():
     again = torch.Generator()
     again.set_state(state)
     assert torch.equal(torch.rand(5, generator=again), first)
+
+
+# ---- the exponential race with the noise of a few tokens (race_winner) ------------------
+
+
+def race_rows():
+    """Distributions of every shape a request produces: sharp and flat softmaxes of a
+    151,936-token row, top-k and top-p cuts, a trimmed draft's zeros, a point mass, equal
+    probabilities, short rows."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(151_936, generator=generator) * 4
+    rows = {
+        f"temperature {t}": logits_to_probs(logits[None], SamplingParams(temperature=t))[0]
+        for t in (0.2, 0.7, 1.0, 3.0)
+    }
+    rows["top-k 40"] = logits_to_probs(logits[None], SamplingParams(temperature=1, top_k=40))[0]
+    rows["top-p 0.9"] = logits_to_probs(logits[None], SamplingParams(temperature=1, top_p=0.9))[0]
+    trimmed = torch.zeros(151_936)
+    trimmed[::5] = torch.softmax(logits[::5], 0)
+    rows["trimmed"] = trimmed
+    rows["point mass"] = torch.zeros(151_936).index_fill_(0, torch.tensor([77]), 1.0)
+    rows["uniform"] = torch.full((151_936,), 1 / 151_936)
+    rows["few tokens"] = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    rows["one token"] = torch.tensor([1.0])
+    return rows
+
+
+@pytest.mark.parametrize("name", list(race_rows()))
+def test_the_race_winner_is_the_whole_rows_race_winner(name):
+    """The same token as the exponential race over the whole noise row, seed by seed and
+    position by position (what keeps coupled sampling's text), in float32 and float64."""
+    from specdec.sampling import PositionNoise, race, race_winner
+
+    probs = race_rows()[name]
+    for seed, position in [(0, 0), (1, 5), (2**63 + 7, 1000), (12345, 99_999)] + [
+        (s, s) for s in range(3, 40)
+    ]:
+        noise = PositionNoise(seed, position, probs.shape[0])
+        expected = int(race(probs, noise.row()))
+        assert race_winner(probs, noise) == expected, (seed, position)
+        assert race_winner(probs.double(), noise) == expected, (seed, position)
+
+
+def test_a_tokens_noise_is_the_rows_and_ties_go_to_the_first_token():
+    """``at`` gives the row's very numbers; equal scores: the lower token id, as argmax."""
+    import numpy as np
+
+    from specdec.sampling import PositionNoise, race, race_winner
+
+    noise = PositionNoise(5, 3, 151_936)
+    index = np.array([0, 7, 151_935, 42, 7])
+    assert torch.equal(torch.from_numpy(noise.at(index)), noise.row()[index])
+    tied = PositionNoise(5, 3, 6)
+    tied.uniform = np.array([0.5, 0.25, 0.5, 0.5, 0.9, 0.25])
+    probs = torch.tensor([0.1, 0.2, 0.2, 0.2, 0.1, 0.2])  # tokens 1 and 5 score the same
+    assert race_winner(probs, tied) == int(race(probs, tied.row())) == 1
+
+
+def test_coupled_picks_are_the_race_over_the_whole_row():
+    """``Sampler.pick`` in coupled mode: the race's winner at that position, its noise
+    kept for the verifier until the position is settled."""
+    from specdec.sampling import position_noise, race
+
+    sampler = Sampler(SamplingParams(temperature=0.8, seed=11), coupled=True)
+    logits = torch.randn(151_936, generator=torch.Generator().manual_seed(1))
+    for position in (0, 1, 2):
+        token, probs = sampler.pick(logits, position)
+        assert probs is not None
+        assert token == int(race(probs, position_noise(11, position, 151_936)))
+    assert sorted(sampler._noise) == [0, 1, 2]
+    sampler.settle(2)
+    assert sorted(sampler._noise) == [2]
+
+
+def test_sample_follows_the_distribution_and_never_picks_a_zero():
+    """The inverse distribution function: chi-square over 20,000 draws of a row with zeros
+    between its tokens (significance 1e-4), none of them a zero-probability token; a
+    uniform that rounds up to the total still lands on the last token with mass."""
+    from scipy.stats import chisquare
+
+    probs = torch.tensor([0.0, 0.05, 0.0, 0.5, 0.15, 0.0, 0.3, 0.0])
+    generator = make_generator(7)
+    counts = torch.bincount(
+        torch.tensor([sample(probs, generator) for _ in range(20_000)]), minlength=8
+    )
+    assert counts[probs == 0].sum() == 0
+    kept = probs > 0
+    expected = probs[kept].double() / probs[kept].double().sum() * 20_000
+    assert chisquare(counts[kept].double().numpy(), expected.numpy()).pvalue > 1e-4
+
+
+@pytest.mark.parametrize(("uniform", "expected"), [(0.0, 1), (1.0, 2)])
+def test_sample_at_the_ends_of_the_unit_interval(monkeypatch, uniform, expected):
+    """A uniform of 0 picks the first token with mass, one that rounds up to the total the
+    last: never a zero-probability token before or after them."""
+    probs = torch.tensor([0.0, 0.25, 0.75, 0.0])
+    drawn = torch.tensor([uniform], dtype=torch.float64)
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: drawn)
+    assert sample(probs, make_generator(0)) == expected

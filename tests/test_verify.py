@@ -156,21 +156,23 @@ class TestStochastic:
 
 
 def test_coupled_accepts_drafts_equal_to_the_targets_race_winners():
+    from specdec.sampling import race
     from specdec.verify import verify_coupled
 
     target_probs = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5], [0.0, 0.0, 1.0]])
     # Noise chosen by hand: winners are argmax(probs / noise) = 1, 2, 2.
     noise = torch.tensor([[2.0, 1.0, 0.1], [1.0, 1.0, 1.0], [0.5, 0.5, 9.0]], dtype=torch.float64)
-    both = verify_coupled(torch.tensor([1, 2]), target_probs, noise)
+    samples = race(target_probs, noise).tolist()
+    assert samples == [1, 2, 2]  # the zero-probability token 2 at row 0 never wins
+    both = verify_coupled(torch.tensor([1, 2]), samples)
     assert both.token_ids == [1, 2, 2] and both.num_accepted == 2 and both.bonus
-    first_only = verify_coupled(torch.tensor([1, 0]), target_probs, noise)
+    first_only = verify_coupled(torch.tensor([1, 0]), samples)
     assert first_only.token_ids == [1, 2] and first_only.num_accepted == 1
-    none = verify_coupled(torch.tensor([0, 2]), target_probs, noise)
+    none = verify_coupled(torch.tensor([0, 2]), samples)
     assert none.token_ids == [1] and not none.bonus
-    # The zero-probability token 2 at row 0 never wins, however small its noise.
-    assert verify_coupled(
-        torch.tensor([], dtype=torch.long), target_probs[:1], noise[:1]
-    ).token_ids == [1]
+    assert verify_coupled(torch.tensor([], dtype=torch.long), samples[:1]).token_ids == [1]
+    with pytest.raises(AssertionError):
+        verify_coupled(torch.tensor([1, 2]), samples[:2])
 
 
 def test_position_noise_is_a_function_of_seed_and_position():
@@ -214,7 +216,7 @@ def test_a_zero_uniform_never_makes_a_zero_probability_token_win():
     probs3 = torch.tensor([0.9, 0.1, 0.0])
     zero_noise = torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)
     assert int(race(probs3, zero_noise)) == 0
-    result = verify_coupled(torch.tensor([], dtype=torch.long), probs3[None], zero_noise[None])
+    result = verify_coupled(torch.tensor([], dtype=torch.long), [int(race(probs3, zero_noise))])
     assert result.token_ids == [0]
 
 

@@ -37,7 +37,7 @@ from scipy import stats
 
 from helpers import SIGNIFICANCE, assert_same_distribution
 from specdec.config import SamplingParams
-from specdec.sampling import logits_to_probs, position_noise, race
+from specdec.sampling import PositionNoise, logits_to_probs, position_noise, race, race_winner
 from specdec.verify import verify_coupled, verify_stochastic
 
 VOCAB, K, DRAWS = 8, 3, 10_000
@@ -234,15 +234,20 @@ def test_each_mutant_is_caught(mutant):
 # ---- coupled verification ----------------------------------------------------------
 
 
+def keyed_samples(probs: torch.Tensor, noise: list[PositionNoise]) -> list[int]:
+    """Each row's race against its position's noise, as the engine runs it (``race_winner``)."""
+    return [race_winner(row, row_noise) for row, row_noise in zip(probs, noise, strict=True)]
+
+
 def coupled_counts(case: Case, seed_base: int) -> np.ndarray:
     """Each draw is a request with its own seed: drafts race the draft distribution against
     the positions' noise, the target races its own against the same noise."""
     counts = np.zeros((K + 1, VOCAB))
     draft_probs, target_probs = case.draft_probs, case.target_probs
     for draw in range(DRAWS):
-        noise = torch.stack([position_noise(seed_base + draw, i, VOCAB) for i in range(K + 1)])
-        drafts = race(draft_probs, noise[:K])
-        result = verify_coupled(drafts, target_probs, noise)
+        noise = [PositionNoise(seed_base + draw, i, VOCAB) for i in range(K + 1)]
+        drafts = torch.tensor(keyed_samples(draft_probs, noise[:K]))
+        result = verify_coupled(drafts, keyed_samples(target_probs, noise))
         for position, token_id in enumerate(result.token_ids):
             counts[position, token_id] += 1
     return counts
@@ -260,7 +265,9 @@ def test_coupled_verification_emits_the_targets_own_keyed_samples():
     case = make_case(SETTINGS["temperature 1"])
     for seed in range(200):
         noise = torch.stack([position_noise(seed, i, VOCAB) for i in range(K + 1)])
-        plain = race(case.target_probs, noise).tolist()
+        plain = race(case.target_probs, noise).tolist()  # the whole rows' races
+        keyed = [PositionNoise(seed, i, VOCAB) for i in range(K + 1)]
+        samples = keyed_samples(case.target_probs, keyed)
         for drafts in (race(case.draft_probs, noise[:K]), torch.tensor([seed % VOCAB] * K)):
-            result = verify_coupled(drafts, case.target_probs, noise)
+            result = verify_coupled(drafts, samples)
             assert result.token_ids == plain[: len(result.token_ids)]

@@ -318,7 +318,7 @@ def test_coupled_tree_verification_emits_the_targets_own_keyed_samples():
         tokens, parents, _ = draw_tree("correct", P, Q, generator)
         rows = target_rows(P, parents)
         row_noise = noise[[0] + [1 if parent < 0 else 2 for parent in parents]]
-        result = verify_tree_coupled(tokens, parents, rows, row_noise)
+        result = verify_tree_coupled(tokens, parents, race(rows, row_noise).tolist())
         assert result.token_ids == plain[: len(result.token_ids)]
         for position, token_id in enumerate(result.token_ids):
             counts[position, token_id] += 1

@@ -372,8 +372,10 @@ class Run:
         target_probs = logits_to_probs(logits, self.params)
         if self.sampler.coupled:
             # Row i scores sequence position len(context) + i.
-            noise = self.sampler.noise(len(self.context), len(draft_ids) + 1, logits.shape[1])
-            return verify_coupled(draft_ids, target_probs, noise)
+            start = len(self.context)
+            self.sampler.settle(start)
+            samples = [self.sampler.race(row, start + i) for i, row in enumerate(target_probs)]
+            return verify_coupled(draft_ids, samples)
         return verify_stochastic(draft_ids, draft_probs, target_probs, self.sampler.generator)
 
     def _verify_tree(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
@@ -383,12 +385,12 @@ class Run:
             return verify_tree_greedy(token_ids, parents, logits)
         target_probs = logits_to_probs(logits, self.params)
         if self.sampler.coupled:  # row r scores position len(context) + its depth
+            start = len(self.context)
+            self.sampler.settle(start)
             depths = row_depths(row_parents(parents))
-            vocab = logits.shape[1]
-            noise = torch.stack(
-                [self.sampler.noise_at(len(self.context) + d, vocab) for d in depths]
-            )
-            return verify_tree_coupled(token_ids, parents, target_probs, noise)
+            rows = zip(target_probs, depths, strict=True)
+            samples = [self.sampler.race(row, start + depth) for row, depth in rows]
+            return verify_tree_coupled(token_ids, parents, samples)
         return verify_tree_stochastic(
             token_ids, parents, proposal.draft_probs, target_probs, self.sampler.generator
         )

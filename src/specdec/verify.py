@@ -25,7 +25,7 @@ that ends the round is the target's argmax there.
 
 Coupled verification (``verify_coupled``; Daliri, Musco and Suresh 2024, "Coupling without
 Communication and Drafter-Invariant Speculative Decoding") is the greedy rule applied to
-keyed samples: each sequence position p has fixed noise E_p (``sampling.position_noise``),
+keyed samples: each sequence position p has fixed noise E_p (``sampling.PositionNoise``),
 the drafter drafts argmax(draft_probs / E_p) and the target's token at p is
 argmax(target_probs / E_p), an exact sample from target_probs. Drafts are accepted while
 they equal the target's tokens; the round ends with the target's token. Every emitted token
@@ -34,11 +34,12 @@ is the target's own keyed sample, so the output does not depend on k or on the d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import race_scores, sample
+from specdec.sampling import sample
 
 # A distribution draft's residual with less mass than this is float noise (the two
 # distributions are equal up to rounding): sampling from it would amplify the noise, so
@@ -112,14 +113,17 @@ def verify_stochastic(
 
 def verify_coupled(
     draft_token_ids: torch.Tensor,  # [k] int64
-    target_probs: torch.Tensor,  # [k + 1, vocab]
-    noise: torch.Tensor,  # [k + 1, vocab]: position_noise of each scored position
+    target_samples: Sequence[int],  # [k + 1]: the target's keyed sample at each scored row
 ) -> VerifyResult:
-    """Accept the longest prefix of drafts equal to the target's keyed samples."""
-    assert noise.shape == target_probs.shape, "one noise row per scored position"
-    # The greedy rule on the race's scores: their argmax (``sampling.race``) is the target's
-    # keyed sample at each position, what plain decoding would emit.
-    return verify_greedy(draft_token_ids, race_scores(target_probs, noise))
+    """Accept the longest prefix of drafts equal to the target's keyed samples (the race of
+    each row's distribution against its position's noise, ``Sampler.race``: what plain
+    decoding emits there); the round ends with the target's sample."""
+    k = draft_token_ids.shape[0]
+    assert len(target_samples) == k + 1, "one keyed sample per scored position"
+    samples = torch.tensor(list(target_samples), dtype=torch.long)
+    num_accepted = _leading_true(draft_token_ids == samples[:k])
+    token_ids = draft_token_ids[:num_accepted].tolist() + [int(samples[num_accepted])]
+    return VerifyResult(token_ids, num_accepted, bonus=num_accepted == k)
 
 
 def residual_distribution(

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.sampling import race_scores, sample
+from specdec.sampling import sample
 from specdec.tree import children
 from specdec.verify import RESIDUAL_EPSILON, VerifyResult
 
@@ -54,12 +54,11 @@ def verify_tree_greedy(
 def verify_tree_coupled(
     token_ids: Sequence[int],
     parents: Sequence[int],
-    target_probs: torch.Tensor,  # [n + 1, vocab]
-    noise: torch.Tensor,  # [n + 1, vocab]: position_noise of each row's position
+    target_samples: Sequence[int],  # [n + 1]: the target's keyed sample at each row's position
 ) -> VerifyResult:
     """The longest path whose tokens are the target's keyed samples at each row."""
-    assert noise.shape == target_probs.shape, "one noise row per scored row"
-    return _follow(token_ids, parents, race_scores(target_probs, noise).argmax(dim=-1).tolist())
+    assert len(target_samples) == len(token_ids) + 1, "one keyed sample per scored row"
+    return _follow(token_ids, parents, list(target_samples))
 
 
 def verify_tree_stochastic(

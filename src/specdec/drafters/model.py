@@ -9,7 +9,7 @@ import torch
 from specdec.backends.base import Backend, common_prefix_length, sync_cache
 from specdec.config import SamplingParams
 from specdec.drafters.base import Branch, Drafting, KeepGoing, Proposal, StepwiseDrafter
-from specdec.sampling import Sampler, race_scores, sample
+from specdec.sampling import Sampler, sample
 from specdec.tree import chain
 
 _GREEDY = SamplingParams(temperature=0.0)
@@ -129,7 +129,7 @@ def second_choice(
     if not sampled:
         token = int(rest.argmax())
     elif sampler.coupled:
-        token = int(race_scores(rest, sampler.noise_at(position, rest.shape[0])).argmax())
+        token = sampler.race(rest, position)
     else:
         token = sample(rest, sampler.generator)
     return token, rest if sampled else None, float(rest.max())
