@@ -22,7 +22,7 @@ from specdec.backends.base import Backend, sync_cache
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
 from specdec.detokenizer import Detokenizer
-from specdec.drafters.base import Drafter, Drafting, Proposal, drive
+from specdec.drafters.base import Drafter, Drafting, Proposal, drive, pass_work
 from specdec.grammar import Grammar
 from specdec.logprobs import TokenLogprob, token_logprobs
 from specdec.metrics import SpecStats
@@ -536,11 +536,11 @@ def _draft_together(runs: Sequence[Run], share: int | None) -> list[Proposal | E
     (or whose batched pass fails) gets the exception."""
     results: list[Proposal | Exception | None] = [None] * len(runs)
     steps = {i: run.drafting(share) for i, run in enumerate(runs)}
-    calls: dict[int, tuple[Any, list[int]]] = {}
+    calls: dict[int, tuple[Any, list[int], bool]] = {}  # backend, tokens, last_only
 
     def advance(i: int, logits: torch.Tensor | None) -> None:
         try:
-            calls[i] = next(steps[i]) if logits is None else steps[i].send(logits)
+            calls[i] = pass_work(next(steps[i]) if logits is None else steps[i].send(logits))
         except StopIteration as done:
             results[i] = done.value
             calls.pop(i, None)
@@ -552,17 +552,17 @@ def _draft_together(runs: Sequence[Run], share: int | None) -> list[Proposal | E
         advance(i, None)
     while calls:
         groups: dict[int, tuple[Any, list[int]]] = {}  # a batched model (or None), its runs
-        for i, (backend, _) in calls.items():
+        for i, (backend, _, _) in calls.items():
             batched = getattr(backend, "batched", None)
             key = id(batched) if batched is not None else -1 - i
             groups.setdefault(key, (batched, []))[1].append(i)
         for batched, members in groups.values():
             try:
                 if batched is not None:
-                    outs = batched.forward_many([(*calls[i], True) for i in members])
+                    outs = batched.forward_many([calls[i] for i in members])
                 else:
-                    backend, tokens = calls[members[0]]
-                    outs = [backend.forward(tokens, last_only=True)]
+                    backend, tokens, last_only = calls[members[0]]
+                    outs = [backend.forward(tokens, last_only=last_only)]
             except Exception as error:
                 for i in members:
                     results[i] = error

@@ -67,12 +67,18 @@ class Drafter(Protocol):
 
 
 # A drafter that drafts with a model may do it step by step: ``drafting(...)`` is a generator
-# that yields each forward pass it needs, ``(backend, token_ids)`` (last position only), is
-# sent that pass's logits, and returns its Proposal. ``propose`` runs it pass by pass;
-# ``engine.step_together`` runs the drafting of many requests in lockstep, their passes on
-# one batched model together.
-ForwardCall = tuple[Any, list[int]]
+# that yields each forward pass it needs, ``(backend, token_ids)`` (the last position's
+# logits) or ``(backend, token_ids, True)`` (every position's), is sent that pass's logits,
+# and returns its Proposal. ``propose`` runs it pass by pass; ``engine.step_together`` runs
+# the drafting of many requests in lockstep, their passes on one batched model together.
+ForwardCall = tuple[Any, list[int]] | tuple[Any, list[int], bool]
 Drafting = Generator[ForwardCall, torch.Tensor, Proposal]
+
+
+def pass_work(call: ForwardCall) -> tuple[Any, list[int], bool]:
+    """A drafting pass as ``(backend, token_ids, last_only)``."""
+    backend, token_ids, *every_row = call
+    return backend, token_ids, not (every_row and every_row[0])
 
 
 class StepwiseDrafter:
@@ -100,9 +106,10 @@ class StepwiseDrafter:
 def drive(drafting: Drafting) -> Proposal:
     """Run a ``drafting`` generator with one pass at a time."""
     try:
-        backend, token_ids = next(drafting)
+        backend, token_ids, last_only = pass_work(next(drafting))
         while True:
-            backend, token_ids = drafting.send(backend.forward(token_ids, last_only=True))
+            logits = backend.forward(token_ids, last_only=last_only)
+            backend, token_ids, last_only = pass_work(drafting.send(logits))
     except StopIteration as done:
         return done.value
 

@@ -9,6 +9,7 @@ import torch
 from specdec.backends.base import Backend, common_prefix_length, sync_cache
 from specdec.config import SamplingParams
 from specdec.drafters.base import Branch, Drafting, KeepGoing, Proposal, StepwiseDrafter
+from specdec.drafters.lookup import PromptLookupDrafter
 from specdec.sampling import Sampler, sample
 from specdec.tree import chain
 
@@ -22,16 +23,30 @@ class ModelDrafter(StepwiseDrafter):
     longest prefix it shares with ``context`` and feeds what is missing. After a round in
     which all k drafts were accepted, that is the last draft (never fed) plus the bonus
     token; after a rejection, just the recovered token.
+
+    With a ``guide`` (prompt lookup: what followed an earlier occurrence of the context's
+    tail), the draft first reads the guide's guesses in the same pass as what it catches up
+    on, every row's logits kept: while the draft's own pick at a position is the guess it
+    read there, the next row's logits are the ones a step would have given, so the chain
+    goes on without another pass; at the first pick that differs the guesses after it are
+    cut from the cache and drafting goes on step by step. The proposal is the one the
+    unguided draft makes (the same tokens from the same logits, the same random numbers
+    drawn in the same order; on specdec's runtimes a row in a pass is its step bit for bit),
+    for one pass of several rows where it would take as many passes as guesses it confirms
+    (CS Drafting's cascade: a statistical draft for the draft model).
     """
 
     name = "model"
     grows_trees = True  # its second choices, as leaves beside the chain (``SpecConfig.tree``)
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, guide: PromptLookupDrafter | None = None):
         self.backend = backend
         self.vocab_size = backend.vocab_size
+        self.guide = guide
 
     def prepare(self, context: Sequence[int]) -> None:
+        if self.guide is not None:
+            self.guide.prepare(context)  # its index of the prompt, built during prefill
         limit = self.backend.max_length
         if limit is not None and len(context) >= limit:
             return  # longer than the draft's window (a llama.cpp n_ctx): it will not draft
@@ -57,7 +72,14 @@ class ModelDrafter(StepwiseDrafter):
         # Keep at least the last context token unfed: its logits give the first draft.
         keep = min(common_prefix_length(self.backend.cached_token_ids, context), len(context) - 1)
         self.backend.truncate(keep)
-        logits = (yield (self.backend, list(context[keep:])))[-1]
+        catch_up = list(context[keep:])
+        guesses = self._guesses(context, k) if branch is None else []
+        if guesses:
+            # rows[j]: the logits after the context and the first j guesses
+            rows = (yield (self.backend, catch_up + guesses, True))[len(catch_up) - 1 :]
+            logits = rows[0]
+        else:
+            logits = (yield (self.backend, catch_up))[-1]
         token_ids: list[int] = []
         probs: list[torch.Tensor] = []
         confidences: list[float] = []
@@ -76,6 +98,13 @@ class ModelDrafter(StepwiseDrafter):
                 break
             if len(token_ids) == k:
                 break
+            confirmed = len(token_ids) - 1  # guesses read before this pick
+            if confirmed < len(guesses) and guesses[confirmed] == token_id:
+                logits = rows[confirmed + 1]  # the draft read this token already
+                continue
+            if guesses:  # it picked otherwise: the guesses from here on are not the text
+                self.backend.truncate(len(context) + confirmed)
+                guesses = []
             logits = (yield (self.backend, [token_id]))[-1]
         if branch is not None:
             return self._tree(context, token_ids, probs, confidences, dists, sampler, branch)
@@ -85,6 +114,17 @@ class ModelDrafter(StepwiseDrafter):
             self.name,
             confidences if keep_going is not None else None,
         )
+
+    def _guesses(self, context: Sequence[int], k: int) -> list[int]:
+        """The guide's guesses for the first k - 1 drafts (the k-th is read from the row
+        after them): none without a guide, k = 1, or a draft window too short for them."""
+        if self.guide is None or k < 2:
+            return []
+        guesses = self.guide.propose(context, k - 1).token_ids
+        limit = self.backend.max_length
+        if limit is not None:
+            guesses = guesses[: max(0, limit - len(context) - 1)]
+        return guesses
 
     def _tree(self, context, token_ids, probs, confidences, dists, sampler, branch) -> Proposal:
         """The chain and, at the depths ``branch`` picks, the second choice as a leaf."""

@@ -92,11 +92,12 @@ def describe_recipe(recipe: str) -> str:
 class DraftSources:
     """What a command has to draft with; each part is made only when a recipe needs it.
 
-    ``draft_model``: a new sequence of the draft model (a backend with its own cache);
-    ``heads``: by kind (medusa, eagle), a new heads drafter over the request's target;
-    ``ngram_model``: the n-gram model; ``lookup_ngrams``: prompt lookup's (max, min) match
-    (min None: 1 alone, 2 in front of another drafter). A kind whose part is missing is not
-    available (``kinds``)."""
+    ``draft_model``: a new sequence of the draft model (a backend with its own cache), which
+    drafts guided by prompt lookup (``ModelDrafter``'s ``guide``: the same proposals, fewer
+    passes where the draft confirms the copy); ``heads``: by kind (medusa, eagle), a new heads
+    drafter over the request's target; ``ngram_model``: the n-gram model; ``lookup_ngrams``:
+    prompt lookup's (max, min) match (min None: 1 alone, 2 in front of another drafter). A
+    kind whose part is missing is not available (``kinds``)."""
 
     draft_model: Callable[[], Any] | None = None
     heads: Mapping[str, Callable[[], Drafter]] = field(default_factory=dict)
@@ -109,10 +110,18 @@ class DraftSources:
             "lookup": lambda: PromptLookupDrafter(*self.lookup_ngrams)
         }
         if (draft_model := self.draft_model) is not None:
-            made["model"] = lambda: ModelDrafter(draft_model())
+            made["model"] = lambda: ModelDrafter(draft_model(), self._guide())
         if (ngram_model := self.ngram_model) is not None:
             made["ngram"] = lambda: NGramDrafter(ngram_model())
         return made | dict(self.heads)
+
+    def _guide(self) -> PromptLookupDrafter:
+        """The draft model's guide: prompt lookup taking matches of 2+ tokens, as in front
+        of another drafter (1-token matches were confirmed by the draft too rarely to pay
+        for the rows: bench/results/2026-12-04-draft-guide-epyc-avx512)."""
+        guide = PromptLookupDrafter(*self.lookup_ngrams)
+        guide.put_in_front()
+        return guide
 
     def kinds(self) -> list[str]:
         """The kinds available: lookup, the draft model, the n-gram model, then the heads."""
