@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from specdec.config import SamplingParams
 from specdec.verify import residual_distribution, verify_greedy, verify_stochastic
 
 A, B, C = 0, 1, 2
@@ -226,3 +227,22 @@ def test_position_noise_is_never_zero_or_infinite():
     noise = torch.cat([position_noise(seed, 0, 151936) for seed in range(20)])
     assert (noise > 0).all() and torch.isfinite(noise).all()
     assert float(noise.min()) >= 2.0**-53  # the smallest uniform, (0 + 0.5) * 2**-52
+
+
+def test_coupled_verification_races_rows_only_up_to_the_first_differing_draft():
+    from specdec.sampling import Sampler, logits_to_probs
+    from specdec.verify import verify_coupled
+
+    params = SamplingParams(temperature=0.9, top_p=0.9, seed=5)
+    sampler = Sampler(params, coupled=True)
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(0)) * 3
+    positions = list(range(10, 15))
+    rows = zip(logits_to_probs(logits, params), positions, strict=True)
+    every = [sampler.race(row, position) for row, position in rows]
+    for accepted in range(5):
+        drafts = every[:accepted] + [(every[accepted] + 1) % 40] * (4 - accepted)
+        samples = sampler.keyed_samples(logits, positions)
+        result = verify_coupled(torch.tensor(drafts[:4]), samples)
+        assert result.token_ids == every[: accepted + 1]
+        assert samples.drawn == accepted + 1  # rows after the first differing draft: not raced
+    assert sampler.keyed_samples(logits, positions)[:] == every

@@ -369,13 +369,13 @@ class Run:
         draft_ids = torch.tensor(token_ids, dtype=torch.long)
         if self.params.greedy:
             return verify_greedy(draft_ids, logits)
-        target_probs = logits_to_probs(logits, self.params)
         if self.sampler.coupled:
             # Row i scores sequence position len(context) + i.
             start = len(self.context)
             self.sampler.settle(start)
-            samples = [self.sampler.race(row, start + i) for i, row in enumerate(target_probs)]
-            return verify_coupled(draft_ids, samples)
+            positions = range(start, start + logits.shape[0])
+            return verify_coupled(draft_ids, self.sampler.keyed_samples(logits, positions))
+        target_probs = logits_to_probs(logits, self.params)
         return verify_stochastic(draft_ids, draft_probs, target_probs, self.sampler.generator)
 
     def _verify_tree(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
@@ -383,14 +383,13 @@ class Run:
         assert parents is not None, "a tree's proposal"
         if self.params.greedy:
             return verify_tree_greedy(token_ids, parents, logits)
-        target_probs = logits_to_probs(logits, self.params)
         if self.sampler.coupled:  # row r scores position len(context) + its depth
             start = len(self.context)
             self.sampler.settle(start)
-            depths = row_depths(row_parents(parents))
-            rows = zip(target_probs, depths, strict=True)
-            samples = [self.sampler.race(row, start + depth) for row, depth in rows]
+            positions = [start + depth for depth in row_depths(row_parents(parents))]
+            samples = self.sampler.keyed_samples(logits, positions)
             return verify_tree_coupled(token_ids, parents, samples)
+        target_probs = logits_to_probs(logits, self.params)
         return verify_tree_stochastic(
             token_ids, parents, proposal.draft_probs, target_probs, self.sampler.generator
         )

@@ -7,6 +7,7 @@ and ``target_probs`` to be the distribution plain decoding would sample from.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -228,6 +229,11 @@ class Sampler:
         exponential race against that position's noise (``race_winner``)."""
         return race_winner(probs, self.noise_at(position, probs.shape[-1]))
 
+    def keyed_samples(self, logits: torch.Tensor, positions: Sequence[int]) -> KeyedSamples:
+        """The keyed sample of each row of ``logits``  # [rows, vocab] at its position,
+        each drawn when first read (``KeyedSamples``)."""
+        return KeyedSamples(self, logits, positions)
+
     def settle(self, position: int) -> None:
         """Positions before ``position`` are settled: their noise is dropped."""
         for settled in [p for p in self._noise if p < position]:
@@ -279,3 +285,38 @@ class DraftMask(Protocol):
     def picked(self, position: int, token_id: int) -> None:
         """The draft drawn at ``position``: followed, so that the next one is masked."""
         ...
+
+
+class KeyedSamples(Sequence[int]):
+    """The target's keyed samples of a verify pass, one per scored row, each row's
+    distribution formed and raced only when the verifier first reads it: it reads rows down
+    the accepted path and stops at the first draft that differs, so a round rejected early
+    costs the rows up to it, not all of them. Row i's sample is ``sampler.race`` of
+    ``logits_to_probs`` of row i alone, at ``positions[i]``: the distribution plain decoding
+    forms of one row, the same race."""
+
+    def __init__(self, sampler: Sampler, logits: torch.Tensor, positions: Sequence[int]):
+        assert logits.shape[0] == len(positions), "one position per row"
+        self._sampler = sampler
+        self._logits = logits
+        self._positions = list(positions)
+        self._drawn: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def __getitem__(self, row):
+        if isinstance(row, slice):
+            return [self[i] for i in range(*row.indices(len(self)))]
+        if not -len(self) <= row < len(self):
+            raise IndexError(row)
+        row %= len(self)
+        if row not in self._drawn:
+            probs = self._sampler.probs(self._logits[row : row + 1])[0]
+            self._drawn[row] = self._sampler.race(probs, self._positions[row])
+        return self._drawn[row]
+
+    @property
+    def drawn(self) -> int:
+        """How many rows have been raced so far."""
+        return len(self._drawn)

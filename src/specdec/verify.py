@@ -117,13 +117,16 @@ def verify_coupled(
 ) -> VerifyResult:
     """Accept the longest prefix of drafts equal to the target's keyed samples (the race of
     each row's distribution against its position's noise, ``Sampler.race``: what plain
-    decoding emits there); the round ends with the target's sample."""
-    k = draft_token_ids.shape[0]
-    assert len(target_samples) == k + 1, "one keyed sample per scored position"
-    samples = torch.tensor(list(target_samples), dtype=torch.long)
-    num_accepted = _leading_true(draft_token_ids == samples[:k])
-    token_ids = draft_token_ids[:num_accepted].tolist() + [int(samples[num_accepted])]
-    return VerifyResult(token_ids, num_accepted, bonus=num_accepted == k)
+    decoding emits there); the round ends with the target's sample. Samples are read in row
+    order and only up to the first draft that differs (``sampling.KeyedSamples`` draws each
+    when read)."""
+    drafts = draft_token_ids.tolist()
+    assert len(target_samples) == len(drafts) + 1, "one keyed sample per scored position"
+    num_accepted = 0
+    while num_accepted < len(drafts) and drafts[num_accepted] == target_samples[num_accepted]:
+        num_accepted += 1
+    token_ids = drafts[:num_accepted] + [int(target_samples[num_accepted])]
+    return VerifyResult(token_ids, num_accepted, bonus=num_accepted == len(drafts))
 
 
 def residual_distribution(
