@@ -112,3 +112,40 @@ def test_greedy_with_a_lookup_guide_equals_plain(draft, target_model, k):
     guided = ModelDrafter(backend(draft), PromptLookupDrafter(3, 1))
     out = Engine(backend(target), guided).generate(prompt, params, SpecConfig(k=k))
     assert out.token_ids == expected.token_ids
+
+
+def test_a_tree_carries_the_copy_where_the_draft_parts_from_it(draft):
+    chain = ModelDrafter(backend(draft)).propose(CONTEXT, K).token_ids
+    wrong = [(t % 30) + 2 if t != (t % 30) + 2 else 1 for t in chain]
+    guesses = chain[:2] + wrong[2:]
+    drafter = ModelDrafter(backend(draft), FixedGuide(guesses))
+    tree = drive(drafter.drafting(CONTEXT, K, None, None, lambda confidences, seconds: []))
+    assert tree.token_ids == chain + guesses[2 : K - 1]  # the guide offers K - 1 guesses
+    assert tree.parents == [-1, 0, 1, 2, 3, 4, 1, 6, 7] and tree.draft_probs is None
+    # A leaf beside every chain node: the one at depth 2 with the copy's token gives way.
+    everywhere = lambda confidences, seconds: list(range(len(confidences)))  # noqa: E731
+    drafter = ModelDrafter(backend(draft), FixedGuide(guesses))
+    tree = drive(drafter.drafting(CONTEXT, K, None, None, everywhere))
+    heads = [(tree.parents[i], tree.token_ids[i]) for i in range(K, len(tree.token_ids))]
+    assert len(heads) == len(set(heads)), "no two siblings with one token"
+    assert tree.token_ids[-3:] == guesses[2 : K - 1]
+
+
+@pytest.mark.parametrize("tree", ["full", "auto"])
+def test_guided_trees_equal_plain_greedy_and_seeded(draft, target_model, tree):
+    target = make_int8_batch_invariant(copy.deepcopy(target_model))
+    prompt = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5] + CONTEXT[:8] + CONTEXT[:6]
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    branches = 0
+    for params in [greedy] + [
+        SamplingParams(max_tokens=30, temperature=0.9, seed=seed, ignore_eos=True)
+        for seed in range(3)
+    ]:
+        expected = Engine(backend(target)).generate(prompt, params).token_ids
+        for k in (2, 4, 8) if tree == "full" else ("auto", 4):
+            guided = ModelDrafter(backend(draft), PromptLookupDrafter(3, 1))
+            spec = SpecConfig(k=k, tree=tree)
+            out = Engine(backend(target), guided).generate(prompt, params, spec)
+            assert out.token_ids == expected, f"{params}, k {k}"
+            branches += out.stats.sibling_tokens
+    assert branches > 0, "trees must be verified"

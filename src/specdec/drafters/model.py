@@ -73,7 +73,8 @@ class ModelDrafter(StepwiseDrafter):
         keep = min(common_prefix_length(self.backend.cached_token_ids, context), len(context) - 1)
         self.backend.truncate(keep)
         catch_up = list(context[keep:])
-        guesses = self._guesses(context, k) if branch is None else []
+        guesses = self._guesses(context, k)
+        offered = guesses  # what the guide offered, kept for a tree's branch
         if guesses:
             # rows[j]: the logits after the context and the first j guesses
             rows = (yield (self.backend, catch_up + guesses, True))[len(catch_up) - 1 :]
@@ -107,7 +108,8 @@ class ModelDrafter(StepwiseDrafter):
                 guesses = []
             logits = (yield (self.backend, [token_id]))[-1]
         if branch is not None:
-            return self._tree(context, token_ids, probs, confidences, dists, sampler, branch)
+            tree = self._tree(context, token_ids, probs, confidences, dists, sampler, branch)
+            return with_copy(tree, offered, token_ids, sampled=bool(probs), coupled=sampler.coupled)
         return Proposal(
             token_ids,
             torch.stack(probs) if probs else None,
@@ -140,6 +142,48 @@ class ModelDrafter(StepwiseDrafter):
         if probs:
             draft_probs = torch.stack([*probs, *(seconds[d][1] for d in leaves)])
         return Proposal(nodes, draft_probs, self.name, confidences, parents)
+
+
+def with_copy(
+    tree: Proposal, offered: list[int], chain_ids: list[int], sampled: bool, coupled: bool
+) -> Proposal:
+    """``tree`` and, where the guide's guesses part from the chain, the rest of them as a
+    branch of their own: hung beside the chain's node where the draft picked otherwise (or
+    after its last node where the chain ended first), so that where the target copies and
+    the draft did not, the copy is scored too. Greedy and coupled only: those verifiers take
+    the child whose token is the target's own (argmax or keyed sample), whatever the child
+    was drawn from; rejection sampling's tries would need each child's own distribution, so
+    its trees stay as they are. A leaf with the branch's first token at that depth gives way
+    to it (siblings with one token: the first would end the path)."""
+    confirmed = 0
+    while (
+        confirmed < min(len(offered), len(chain_ids)) and offered[confirmed] == chain_ids[confirmed]
+    ):
+        confirmed += 1
+    copy = offered[confirmed:]
+    if not copy or (sampled and not coupled):
+        return tree
+    assert tree.parents is not None, "a tree"
+    n_chain = len(chain_ids)
+    keep = [
+        i
+        for i in range(n_chain, len(tree.token_ids))
+        if not (tree.parents[i] == confirmed - 1 and tree.token_ids[i] == copy[0])
+    ]
+    nodes = list(range(n_chain)) + keep
+    token_ids = [tree.token_ids[i] for i in nodes] + copy
+    first = len(nodes)
+    parents = (
+        [tree.parents[i] for i in nodes]
+        + [confirmed - 1]
+        + [first + i for i in range(len(copy) - 1)]
+    )
+    draft_probs = None
+    if tree.draft_probs is not None:  # coupled: the copy's rows are point masses
+        points = torch.zeros(len(copy), tree.draft_probs.shape[1])
+        points[torch.arange(len(copy)), torch.tensor(copy)] = 1.0
+        draft_probs = torch.cat([tree.draft_probs[nodes], points])
+    return Proposal(token_ids, draft_probs, tree.drafter, tree.confidences, parents)
 
 
 def second_choice(
