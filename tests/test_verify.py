@@ -246,3 +246,23 @@ def test_coupled_verification_races_rows_only_up_to_the_first_differing_draft():
         assert result.token_ids == every[: accepted + 1]
         assert samples.drawn == accepted + 1  # rows after the first differing draft: not raced
     assert sampler.keyed_samples(logits, positions)[:] == every
+
+
+def test_coupled_tree_verification_races_only_the_rows_its_path_reaches():
+    from specdec.sampling import Sampler, logits_to_probs
+    from specdec.verify_tree import verify_tree_coupled
+
+    params = SamplingParams(temperature=0.9, seed=5)
+    sampler = Sampler(params, coupled=True)
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(1)) * 3
+    positions = [10, 11, 12, 11, 12, 13]  # rows' positions: root, then nodes by depth
+    rows = zip(logits_to_probs(logits, params), positions, strict=True)
+    every = [sampler.race(row, position) for row, position in rows]
+    other = lambda token: (token + 1) % 40  # noqa: E731
+    # Root's children: node 0 (a chain 0 -> 1) and node 2 (a chain 2 -> 3 -> 4).
+    parents = [-1, 0, -1, 2, 3]
+    tokens = [other(every[0]), other(every[1]), every[0], every[3], other(every[4])]
+    samples = sampler.keyed_samples(logits, positions)
+    result = verify_tree_coupled(tokens, parents, samples)
+    assert result.token_ids == [every[0], every[3], every[4]]
+    assert samples.drawn == 3  # the root's row and the rows of nodes 2 and 3, not 0 and 1

@@ -58,7 +58,7 @@ def verify_tree_coupled(
 ) -> VerifyResult:
     """The longest path whose tokens are the target's keyed samples at each row."""
     assert len(target_samples) == len(token_ids) + 1, "one keyed sample per scored row"
-    return _follow(token_ids, parents, list(target_samples))
+    return _follow(token_ids, parents, target_samples)  # rows read down the path only
 
 
 def verify_tree_stochastic(
@@ -127,8 +127,11 @@ def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor | None:
     return None if mass <= RESIDUAL_EPSILON else residual / mass
 
 
-def _follow(token_ids: Sequence[int], parents: Sequence[int], winners: list[int]) -> VerifyResult:
-    """Descend while a child's token is the target's token (``winners``, one per row)."""
+def _follow(
+    token_ids: Sequence[int], parents: Sequence[int], winners: Sequence[int]
+) -> VerifyResult:
+    """Descend while a child's token is the target's token (``winners``, one per row, read
+    only at the rows the path reaches)."""
     assert len(winners) == len(token_ids) + 1, "target must score the root and every node"
     under = children(parents)
     path: list[int] = []
@@ -136,7 +139,7 @@ def _follow(token_ids: Sequence[int], parents: Sequence[int], winners: list[int]
     while True:
         match = next((node for node in under[row] if token_ids[node] == winners[row]), None)
         if match is None:
-            tokens = [int(token_ids[node]) for node in path] + [winners[row]]
+            tokens = [int(token_ids[node]) for node in path] + [int(winners[row])]
             return VerifyResult(tokens, len(path), not under[row], path=tuple(path))
         path.append(match)
         row = match + 1
