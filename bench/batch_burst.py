@@ -1,9 +1,9 @@
 """A burst of N requests decoded in batched steps in-process (no server, no HTTP): what the
-engine's continuous batching itself gives on the real int8 pair.
+engine's continuous batching itself gives on the real pair (int8, or --runtime int4).
 
 python bench/batch_burst.py [--clients 1,8] [--workload code] [--max-rows 32] [--repeats 2]
                             [--configs auto,auto-always,0] [--drafters model,lookup+model]
-                            [--max-tokens 48]
+                            [--max-tokens 48] [--runtime int8|int4]
 
 Each burst starts N requests of the workload (prefill one after another, as the server's
 joining requests are), then calls ``engine.step_together`` until all are done, the draft
@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 
-from specdec.backends.batched import BatchedModel
+from specdec.backends.hf import source_of
 from specdec.bench.harness import load_workloads
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting
@@ -36,6 +36,7 @@ from specdec.engine import Engine, new_controller, step_together
 from specdec.loading import load_backend
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompting import encode_prompt
+from specdec.runtime import load_draft
 
 
 def drafter(recipe: str, draft):
@@ -94,12 +95,12 @@ def main() -> int:
     )
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--runtime", default="int8", help="int8 or int4: both models' runtime")
     args = parser.parse_args()
     items = load_workloads([args.workload])
-    target = load_backend(DEFAULT_TARGET, "int8")
-    draft = load_backend(DEFAULT_DRAFT, "int8")
-    batched = BatchedModel(target.model, target.tokenizer)
-    draft_batched = BatchedModel(draft.model)
+    target = load_backend(DEFAULT_TARGET, args.runtime)
+    loaded, _ = load_draft(DEFAULT_DRAFT, args.runtime, batched=True)  # as the server loads it
+    batched, draft_batched = source_of(target), source_of(loaded)
     recipes = args.drafters.split(",")
     max_k = SpecConfig(k="auto").max_k
     configs = {}

@@ -59,6 +59,61 @@ def test_greedy_trees_equal_plain_for_every_k(runtime_pair, prompt_name, tree):
         assert speculative.controller is not None and speculative.controller.rounds > 0
 
 
+@pytest.mark.parametrize("prompt_name", list(PROMPTS))
+def test_greedy_deep_trees_equal_plain_for_every_k(runtime_pair, prompt_name):
+    """Deep trees (a draft tree pass a depth), shaped by measured costs (k auto, and the
+    shaper at fixed k's) and unshaped (every grown node verified), with the guide's guesses
+    read as free rows: plain decoding's text."""
+    target, draft = runtime_pair
+    text = PROMPTS[prompt_name] + PROMPTS[prompt_name][:8]  # the guide finds copies
+    expected = Engine(backend(target)).generate(text, GREEDY).token_ids
+    off_chain = 0
+    for guide in (None, PromptLookupDrafter(2, 2)):
+        engine = Engine(backend(target), ModelDrafter(backend(draft), guide))
+        for k in ["auto", *range(1, 17)]:
+            out = engine.generate(text, GREEDY, SpecConfig(k=k, max_k=16, tree="deep"))
+            assert out.token_ids == expected, f"k = {k}, guide {guide is not None}"
+            off_chain += out.stats.sibling_accepted
+    assert off_chain > 0, "some rounds must take a path off the draft's chain"
+
+
+def test_seeded_deep_trees_equal_plain_seeded(runtime_pair):
+    plain, speculative = engines(runtime_pair)
+    off_chain = 0
+    for seed in range(6):
+        params = SamplingParams(max_tokens=30, temperature=0.9, seed=seed, ignore_eos=True)
+        expected = plain.generate(PROMPTS["short"], params).token_ids
+        for k in (2, 5, "auto"):
+            out = speculative.generate(PROMPTS["short"], params, SpecConfig(k=k, tree="deep"))
+            assert out.token_ids == expected, f"seed {seed}, k {k}"
+            off_chain += out.stats.sibling_accepted
+    assert off_chain > 0, "some rounds must take a path off the draft's chain"
+
+
+def test_a_deep_tree_grows_wide_and_deep(runtime_pair):
+    """Unshaped (a fixed k, no costs measured yet: every grown node), a deep tree has nodes
+    off its chain below depth 0 (second choices with continuations of their own), its
+    chain first, no depth past k, and a parent before each child."""
+    from specdec.drafters.base import Growth, drive
+    from specdec.sampling import Sampler
+    from specdec.tree import chain_length, check, row_depths, row_parents
+
+    target, draft = runtime_pair
+    drafter = ModelDrafter(backend(draft))
+    context = PROMPTS["long"]
+    drafter.prepare(context)
+    proposal = drive(drafter.drafting(context, 5, Sampler(GREEDY), None, Growth(width=2, beam=2)))
+    parents = proposal.parents
+    assert parents is not None
+    check(parents)
+    depths = [d - 1 for d in row_depths(row_parents(parents))[1:]]  # a node's, root's children 0
+    chain = chain_length(parents, len(parents))
+    assert chain == 5 and max(depths) == 4
+    assert any(d >= 1 and i >= chain for i, d in enumerate(depths)), "a second choice grew"
+    assert len(parents) == 2 + 2 * 2 * 4, "width 2 at the root, then a beam of 2 a depth"
+    assert list(drafter.backend.cached_token_ids) == context, "the tree's rows were dropped"
+
+
 def test_seeded_trees_equal_plain_seeded(runtime_pair):
     """Coupled verification: the target's keyed sample picks the child, so a tree's output
     is plain decoding's with the same seed."""
@@ -118,6 +173,7 @@ def tree_counts(models, prompt, params, verification, tree="full"):  # noqa: F81
         ("temperature 0.7, top-k 8, top-p 0.9", "rejection", "full"),
         ("temperature 0.8, top-p 0.9", "coupled", "full"),
         ("temperature 1", "rejection", "auto"),
+        ("temperature 0.8, top-p 0.9", "coupled", "deep"),
     ],
 )
 def test_sampled_trees_follow_the_target(int8_stat_pair, prompt, setting, verification, tree):  # noqa: F811

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 # rows 100 ms, 8 x 5 213 ms, against 50 ms for one 1-token step.
 DEFAULT_MAX_ROWS = 32
 
-TREES = ("off", "auto", "full")
+TREES = ("off", "auto", "full", "deep")
 VERIFICATIONS = ("auto", "rejection", "coupled")
 # Temperatures below float32's smallest normal number are greedy (0): logits / temperature
 # cannot be computed in float32 there (the divisor rounds to a subnormal or to 0, and
@@ -145,7 +145,10 @@ class SpecConfig:
     the drafter's chain; ``"auto"`` adds the draft's second choice as a leaf beside a chain
     node where the measured cost of one more verify row buys more tokens than it costs
     (``tree.choose_siblings``; at a fixed k the costs are measured as k auto measures them);
-    ``"full"`` adds one at every depth.
+    ``"full"`` adds one at every depth; ``"deep"`` grows the draft's likeliest candidates
+    at every depth, a draft pass a depth over the likeliest open nodes, and verifies as many
+    of the likeliest nodes as the measured cost of rows pays for (EAGLE-2's dynamic tree;
+    greedy and coupled sampling, on a draft of those runtimes; otherwise as ``"auto"``).
     The target scores the tree in one pass and verification stays exact
     (``verify_tree``)."""
 

@@ -141,6 +141,27 @@ class AdaptiveK:
         draft = len(confidences) * self.draft_step_seconds
         return choose_siblings(acceptance, leaves, draft, self.pass_estimate)
 
+    def tree_nodes(self, paths: list[list[float]], passes: int) -> int:
+        """How many nodes of a deep tree the target verifies (``tree.likeliest_first``):
+        ``paths`` holds each node's path confidences, likeliest node first, ancestors before
+        descendants; ``passes`` the draft passes it took. The count whose round has the
+        highest expected token rate: a node is accepted with the product of the calibrated
+        acceptance of its path's confidences (EAGLE-2's value, calibrated), rows cost as
+        measured. Before costs are measured: as many as a chain of the depth would hold."""
+        if self.draft_step_seconds is None or not self.pass_seconds:
+            return min(len(paths), max(len(path) for path in paths))
+        draft = max(passes, 1) * self.draft_step_seconds
+        expected, best, best_rate = 1.0, 1, 0.0
+        for count, path in enumerate(paths, start=1):
+            value = 1.0
+            for confidence in path:
+                value *= self.acceptance_at(confidence)
+            expected += value
+            rate = expected / (draft + self.pass_estimate(count + 1))
+            if rate > best_rate:
+                best, best_rate = count, rate
+        return best
+
     def position_rates(self) -> list[float]:
         """Acceptance per draft position. A position seldom reached borrows the estimate of
         the one before it as its prior: deep positions look like the last measured one."""

@@ -182,7 +182,7 @@ class Run:
         self.params = params
         self.controller: KPolicy | None = None
         # k auto learns acceptance and costs, and so does a tree "auto" (its shape) at a fixed k
-        if engine.drafter is not None and (spec.adaptive or spec.tree == "auto"):
+        if engine.drafter is not None and (spec.adaptive or spec.tree in ("auto", "deep")):
             if not policy_fits(engine.controller, engine.drafter, spec.max_k):
                 engine.controller = new_controller(engine.drafter, spec.max_k)
             self.controller = engine.controller

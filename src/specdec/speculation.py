@@ -31,6 +31,7 @@ from specdec.drafters.base import (
     Branch,
     Drafter,
     Drafting,
+    Growth,
     KeepGoing,
     Proposal,
     drafting_of,
@@ -138,6 +139,10 @@ class Speculation:
         if self.tree == "full":
             return lambda confidences, seconds: list(range(len(confidences)))
         shaper = policy if policy is not None else self.shaper
+        if self.tree == "deep":  # shaped by measured costs once a shaper has them
+            if shaper is None:
+                return Growth()
+            return Growth(keep=shaper.tree_nodes, leaves=shaper.siblings)
         if self.tree == "auto" and shaper is not None:
             return shaper.siblings
         return None
@@ -326,14 +331,14 @@ def speculation_for(
             f"drafter {drafter.name}: draft trees grow from a draft model's second choices "
             "(--drafter model, or lookup+model); this drafter proposes chains: use tree='off'"
         )
-    if spec.tree == "auto" and kind is ChainSpeculation and not spec.adaptive:
+    if spec.tree in ("auto", "deep") and kind is ChainSpeculation and not spec.adaptive:
         raise ValueError(
-            f"drafter {drafter.name}: tree='auto' in a fallback chain is shaped by its members' "
-            "own measurements, taken with k='auto': use k='auto' (or tree='full')"
+            f"drafter {drafter.name}: tree={spec.tree!r} in a fallback chain is shaped by its "
+            "members' own measurements, taken with k='auto': use k='auto' (or tree='full')"
         )
     speculation = _made(kind, drafter, policy if spec.adaptive else None, spec)
     speculation.tree = spec.tree
-    if spec.tree == "auto" and isinstance(policy, AdaptiveK):
+    if spec.tree in ("auto", "deep") and isinstance(policy, AdaptiveK):
         speculation.shaper = policy
     return speculation
 

@@ -7,8 +7,11 @@ rows in one pass (``ModelSequence.forward_tree``): row 0 is the root, row i + 1 
 at the position of its depth and attending to its own path only. A chain is the tree
 ``[-1, 0, 1, ..., k - 2]``.
 
-The trees the model drafter grows (``drafters.model``) are its chain with the draft's second
-choice as a leaf beside some chain nodes: where the chain's token is rejected and the target
+The trees the model drafter grows (``drafters.model``) are either deep (``SpecConfig.tree =
+"deep"``: EAGLE-2's expansion, a draft pass a depth over the likeliest open nodes, then the
+likeliest nodes overall verified, as many as the measured cost of rows pays for:
+``likeliest_first``, ``chain_first``) or its chain with the draft's second choice as a leaf
+beside some chain nodes: where the chain's token is rejected and the target
 picks that second choice, the round gains one token (the leaf and the target's token after
 it) for one more verify row. ``choose_siblings`` decides where, from the draft's confidences
 and the measured cost of a pass of each size: a leaf is added while the expected token rate
@@ -106,3 +109,41 @@ def choose_siblings(
         chosen.append(depth)
         expected, rows, rate = expected + gains[depth], rows + 1, longer
     return sorted(chosen)
+
+
+def likeliest_first(values: Sequence[float], depths: Sequence[int], first: int = 0) -> list[int]:
+    """Nodes by value (the product of the draft's confidences down their paths), likeliest
+    first, the shallower first among equals, node ``first`` (the draft's own first pick)
+    before all: every prefix of the order holds each of its nodes' ancestors, as a node's
+    value is at most its parent's.
+
+    >>> likeliest_first([0.9, 0.05, 0.5, 0.5], [0, 0, 1, 2])
+    [0, 2, 3, 1]
+    """
+    others = (i for i in range(len(values)) if i != first)
+    rest = sorted(others, key=lambda i: (-values[i], depths[i], i))
+    return [first, *rest] if values else []
+
+
+def chain_first(
+    kept: Sequence[int],  # grown nodes verified, ancestors before descendants
+    parents: Sequence[int],  # each grown node's parent (-1: the root)
+    picks: dict[int, int],  # a grown node (-1: the root) -> its child that is the draft's pick
+    depths: Sequence[int],
+) -> tuple[list[int], int]:
+    """The kept nodes in a proposal's node order: the chain of the draft's picks from the
+    root first (what k policies learn from), then the others by depth. -> (order, the
+    chain's length).
+
+    >>> chain_first([0, 1, 2, 3], [-1, -1, 0, 0], {-1: 0, 0: 2}, [0, 0, 1, 1])
+    ([0, 2, 1, 3], 2)
+    """
+    kept_set = set(kept)
+    chain: list[int] = []
+    node = picks.get(-1)
+    while node is not None and node in kept_set:
+        chain.append(node)
+        node = picks.get(node)
+    in_chain = set(chain)
+    rest = sorted((i for i in kept if i not in in_chain), key=lambda i: depths[i])
+    return chain + rest, len(chain)

@@ -40,13 +40,48 @@ def assert_rows_are_their_chains(model, root=13):
         assert torch.equal(logits[node + 1], rows[-1]), f"node {node}'s row differs from its chain"
 
 
+def assert_grown_rows_are_their_chains(model, root=13):
+    """The same tree grown a depth a pass, as a draft grows one (``drafters.model``): each
+    pass scores the nodes of one depth under tree rows cached by the passes before it (the
+    root's row and the first depth in the first pass)."""
+    batched = BatchedModel(model)
+    tree = batched.sequence()
+    tree.forward(PREFIX)
+    row_parents_ = row_parents(PARENTS)
+    depths = [0] * len(row_parents_)
+    for row, parent in enumerate(row_parents_):
+        depths[row] = 0 if parent < 0 else depths[parent] + 1
+    order = sorted(range(len(row_parents_)), key=lambda r: depths[r])  # rows by depth
+    at = {row: i for i, row in enumerate(order)}  # a row's place in the cache
+    scored: dict[int, torch.Tensor] = {}
+    tokens = [root] + TOKENS
+    for depth in range(max(depths) + 1):
+        rows = [r for r in order if depths[r] == depth or (depth == 0 and depths[r] == 1)]
+        if depth == 1:
+            continue  # the first pass took depths 0 and 1
+        held = len(scored)
+        cached = order[: held + len(rows)]
+        parents = [-1 if row_parents_[r] < 0 else at[row_parents_[r]] for r in cached]
+        logits = tree.forward_tree([tokens[r] for r in rows], parents)
+        for r, row_logits in zip(rows, logits, strict=True):
+            scored[r] = row_logits
+    chain = batched.sequence()
+    chain.forward(PREFIX)
+    for node, path in enumerate(paths(PARENTS)):
+        chain.truncate(len(PREFIX))
+        rows = chain.forward([root] + [TOKENS[n] for n in path])
+        assert torch.equal(scored[0], rows[0]), "the root's row"
+        assert torch.equal(scored[node + 1], rows[-1]), f"node {node}'s row differs from its chain"
+
+
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 8])
 def test_tree_rows_are_their_paths_as_chains_at_real_layer_sizes(count, threads):
     """The 1.5B's layer sizes (hidden 1536, 12 heads over 2 kv heads), int4 and int8, at
-    1, 2, 3, 4 and 8 threads."""
+    1, 2, 3, 4 and 8 threads; scored in one pass and grown a depth a pass."""
     torch.set_num_threads(count)
-    assert_rows_are_their_chains(make_int4_batch_invariant(real_size_model()))
-    assert_rows_are_their_chains(real_size_int8_model())
+    for model in (make_int4_batch_invariant(real_size_model()), real_size_int8_model()):
+        assert_rows_are_their_chains(model)
+        assert_grown_rows_are_their_chains(model)
 
 
 @pytest.fixture(scope="module", params=["int8", "int4"])
@@ -58,6 +93,7 @@ def tiny(request):
 def test_a_tree_row_sees_only_its_path(tiny):
     """The same check on the tiny model; and a sibling's token changes no other branch."""
     assert_rows_are_their_chains(tiny)
+    assert_grown_rows_are_their_chains(tiny)
     batched = BatchedModel(tiny)
     seq = batched.sequence()
     seq.forward(PREFIX)
@@ -101,7 +137,12 @@ def test_a_parent_after_its_child_is_refused(tiny):
     query, keys = torch.zeros(3, 2, 8), torch.zeros(1, 5, 8)  # the kernel checks as well
     with pytest.raises(RuntimeError, match="parents"):
         kernel().causal_attention(query, keys, keys, 1.0, [-1, 2, 0])
+    with pytest.raises(RuntimeError, match="parents"):  # more held tree rows than positions
+        kernel().causal_attention(query, keys, keys, 1.0, [-1] * 6)
     assert list(seq.cached_token_ids) == PREFIX, "a failed pass leaves the cache as it was"
+    with pytest.raises(ValueError, match="parents for"):  # held tree rows past the cache
+        seq.forward_tree([13], [-1] * (len(PREFIX) + 2))
+    assert list(seq.cached_token_ids) == PREFIX
 
 
 def test_children_follow_node_order():

@@ -115,8 +115,18 @@ class ModelSequence:
         ``parents[r]`` (-1: the cached text; a parent comes first), sits at the position of
         its depth and attends to the cached text and its own path only, so its logits are
         those of that path fed as a chain, bit for bit. ->  [len(token_ids), vocab_size].
-        The cache then holds every row; ``keep_path`` keeps one path."""
+        The cache then holds every row; ``keep_path`` keeps one path.
+
+        A tree grown over several passes (a draft's, ``drafters.model``): ``parents`` may
+        first list the parents of tree rows already cached (the last ``len(parents) -
+        len(token_ids)`` cached positions, scored by earlier calls), the new rows' parents
+        after them, indexed over all; the cached text is then what comes before the tree."""
         check(parents)
+        held_tree = len(parents) - len(token_ids)
+        if not 0 <= held_tree <= len(self._ids):
+            raise ValueError(
+                f"{len(parents)} parents for {len(token_ids)} rows and {len(self._ids)} cached"
+            )
         return self.source.forward_many([(self, list(token_ids), False)], parents)[0]
 
     @torch.inference_mode()  # the caches were made in it
@@ -230,8 +240,8 @@ class BatchedModel:
         ``parents``: the rows of one sequence form a tree (``ModelSequence.forward_tree``)."""
         assert work and all(tokens for _, tokens, _ in work), "every sequence needs tokens"
         assert len({id(seq) for seq, _, _ in work}) == len(work), "a sequence appears once"
-        assert parents is None or (len(work) == 1 and len(parents) == len(work[0][1])), (
-            "a tree is one sequence's rows, a parent per row"
+        assert parents is None or (len(work) == 1 and len(parents) >= len(work[0][1])), (
+            "a tree is one sequence's rows, a parent per held tree row and per row"
         )
         held = [len(seq.cached_token_ids) for seq, _, _ in work]
         try:
@@ -250,8 +260,10 @@ class BatchedModel:
                 for seq, tokens, _ in work
                 for p in range(len(seq.cached_token_ids), len(seq.cached_token_ids) + len(tokens))
             ]
-        else:  # a tree's rows sit at the positions of their depths
-            positions = [len(work[0][0].cached_token_ids) + d for d in row_depths(parents)]
+        else:  # a tree's rows sit at the positions of their depths, under the cached text
+            held_tree = len(parents) - len(work[0][1])
+            start = len(work[0][0].cached_token_ids) - held_tree
+            positions = [start + d for d in row_depths(parents)[held_tree:]]
         starts = [0]
         for _, tokens, _ in work:
             starts.append(starts[-1] + len(tokens))

@@ -148,13 +148,15 @@ class LayerStack:
         hidden: torch.Tensor,  # [rows, hidden] float32: every sequence's new rows, in order
         position_embeddings: tuple[torch.Tensor, torch.Tensor],  # cos, sin  # [1, rows, dim]
         segments: Sequence[tuple[Sequence[Any], int, int]],  # (its KVBuffers, first, end row)
-        parents: Sequence[int] | None = None,  # a draft tree's: per row, within its sequence
+        parents: Sequence[int] | None = None,  # a draft tree's, one sequence's: per tree row
     ) -> torch.Tensor:
         """The last layer's output  # [rows, hidden]; each sequence's new keys and values
         are then held in its buffers. If the kernel fails, the buffers hold what they held.
-        ``parents`` (one per row: the row of its sequence it hangs under, -1 for the held
-        prefix): each row attends to the prefix and its own path of rows only (a draft
-        tree, ``specdec.tree``); None: every row is causal."""
+        ``parents`` (a pass of one sequence; per tree row, the tree row it hangs under, -1
+        for the held prefix; the tree's rows held from earlier passes first, the last
+        ``len(parents) - rows`` held positions, then this pass's rows): each row attends to
+        the prefix and its own path of rows only (a draft tree, ``specdec.tree``); None:
+        every row is causal."""
         cos, sin = (t.reshape(hidden.shape[0], -1).contiguous() for t in position_embeddings)
         like = torch.empty(1, self.kv_heads, 0, self.head_dim)
         keys, values, held = [], [], []

@@ -341,10 +341,11 @@ def systems_help() -> str:
         f"comma-separated; plain: specdec without drafts; {'; '.join(peers)}; and "
         f"DRAFTER-kN or DRAFTER-auto with DRAFTER a recipe as for --drafter: one of "
         f"{', '.join(KINDS)}, a '+'-joined fallback chain (lookup+model) or a '/'-joined "
-        "choice (model/eagle, k auto only); a recipe with the draft model then :tree-full "
-        "or :tree-auto verifies draft trees (--tree). OpenVINO and ONNX systems need the peers "
-        "extra (openvino-int4*: the pair exported by bench/openvino_export.sh; onnx-*: converted "
-        "once by its model builder); eagle and medusa need heads (specdec heads make). Each "
+        "choice (model/eagle, k auto only); a recipe with the draft model then :tree-full, "
+        ":tree-auto or :tree-deep verifies draft trees (--tree). OpenVINO and ONNX systems "
+        "need the peers extra (openvino-int4*: the pair exported by bench/openvino_export.sh; "
+        "onnx-*: converted once by its model builder); eagle and medusa need heads (specdec "
+        "heads make). Each "
         f"may end in @RUNTIME: a transformers runtime ({', '.join(TRANSFORMERS_DTYPES)}) or a "
         f"llama.cpp GGUF type ({', '.join(GGUF_TYPES)}), optionally TARGET/DRAFT, e.g. "
         "model-auto@int8/q4_0"
@@ -438,8 +439,8 @@ def make_system(
             f"{', '.join(PEERS)}, or DRAFTER-kN / "
             f"DRAFTER-auto with DRAFTER a recipe as for --drafter: {', '.join(KINDS)}, a "
             "'+'-joined fallback chain (lookup+model) or a '/'-joined choice (model/eagle, k "
-            "auto only), then :tree-full or :tree-auto for draft trees (model only); each may "
-            "end in @RUNTIME"
+            "auto only), then :tree-full, :tree-auto or :tree-deep for draft trees (model only); "
+            "each may end in @RUNTIME"
         )
     if tree != "off" and (is_choice(drafter) or "model" not in drafter.split("+")):
         raise ValueError(
@@ -447,7 +448,7 @@ def make_system(
             "(model-k3:tree-full, lookup+model-auto:tree-auto)"
         )
     if tree not in TREES:
-        raise ValueError(f"system {name!r}: :tree-{tree}? use :tree-full or :tree-auto")
+        raise ValueError(f"system {name!r}: :tree-{tree}? use :tree-full, :tree-auto or :tree-deep")
     if "ngram" in drafter and ngram is None:
         raise ValueError(
             f"system {name!r} needs --ngram-model (make one with 'specdec ngram build')"

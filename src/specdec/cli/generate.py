@@ -159,8 +159,11 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         default="off",
         help="draft trees (the draft model's rounds, int4/int8 runtimes): full adds its second "
         "choice as a leaf beside every chain token, verified in the same pass; auto adds one "
-        "only where the extra row's measured cost buys more tokens than it costs. Output stays "
-        "exact. Default: off (chains)",
+        "only where the extra row's measured cost buys more tokens than it costs; deep grows "
+        "the draft's likeliest candidates at every depth (a draft pass a depth, EAGLE-2's "
+        "dynamic tree) and verifies as many of the likeliest as the measured cost of rows pays "
+        "for (greedy and seeded sampling; otherwise as auto). Output stays exact. Default: off "
+        "(chains: on the CPUs measured, trees decode no faster than chains)",
     )
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     constrained = p.add_mutually_exclusive_group()

@@ -11,10 +11,29 @@ import torch
 from specdec.sampling import Sampler
 
 KeepGoing = Callable[[list[float]], bool]
-# A tree's shape (``SpecConfig.tree``): given the chain's confidences and, per depth, the
-# draft's probability of its second choice once the first is ruled out, the depths (0-based)
-# that get that second choice as a leaf.
-Branch = Callable[[list[float], list[float]], list[int]]
+# A tree's shape (``SpecConfig.tree`` "auto", "full"): given the chain's confidences and, per
+# depth, the draft's probability of its second choice once the first is ruled out, the
+# depths (0-based) that get that second choice as a leaf.
+Leaves = Callable[[list[float], list[float]], list[int]]
+
+
+@dataclass(frozen=True)
+class Growth:
+    """A deep tree's shape (``SpecConfig.tree = "deep"``; EAGLE-2's dynamic expansion): at
+    each depth the draft scores the ``beam`` likeliest open nodes in one pass and keeps the
+    ``width`` candidates of each (its own pick first, then its next choices); once grown,
+    ``keep`` (each node's path confidences, the likeliest node first; the draft passes the
+    growing took) says how many of the likeliest nodes the target verifies (None: all). ``leaves``:
+    the shape where a deep tree cannot grow (rejection sampling, a draft that scores no
+    trees): its chain with second-choice leaves, or a chain (None)."""
+
+    width: int = 3
+    beam: int = 3
+    keep: Callable[[list[list[float]], int], int] | None = None
+    leaves: Leaves | None = None
+
+
+Branch = Leaves | Growth  # what a drafter that grows trees is asked for
 
 
 @dataclass(frozen=True)
@@ -68,17 +87,29 @@ class Drafter(Protocol):
 
 # A drafter that drafts with a model may do it step by step: ``drafting(...)`` is a generator
 # that yields each forward pass it needs, ``(backend, token_ids)`` (the last position's
-# logits) or ``(backend, token_ids, True)`` (every position's), is sent that pass's logits,
-# and returns its Proposal. ``propose`` runs it pass by pass; ``engine.step_together`` runs
-# the drafting of many requests in lockstep, their passes on one batched model together.
-ForwardCall = tuple[Any, list[int]] | tuple[Any, list[int], bool]
+# logits), ``(backend, token_ids, True)`` (every position's) or ``(backend, token_ids,
+# parents)`` (a tree pass, ``forward_tree``: a deep tree's depth, drafted in a round the
+# target scores alone), is sent that pass's logits, and returns its Proposal. ``propose``
+# runs it pass by pass; ``engine.step_together`` runs the drafting of many requests in
+# lockstep, their passes on one batched model together.
+ForwardCall = tuple[Any, list[int]] | tuple[Any, list[int], bool] | tuple[Any, list[int], list[int]]
 Drafting = Generator[ForwardCall, torch.Tensor, Proposal]
 
 
 def pass_work(call: ForwardCall) -> tuple[Any, list[int], bool]:
     """A drafting pass as ``(backend, token_ids, last_only)``."""
     backend, token_ids, *every_row = call
+    assert not (every_row and isinstance(every_row[0], list)), "a tree pass runs alone (drive)"
     return backend, token_ids, not (every_row and every_row[0])
+
+
+def run_pass(call: ForwardCall) -> torch.Tensor:
+    """One drafting pass, run."""
+    backend, token_ids, *rest = call
+    if rest and isinstance(rest[0], list):
+        return backend.forward_tree(token_ids, rest[0])
+    _, _, last_only = pass_work(call)
+    return backend.forward(token_ids, last_only=last_only)
 
 
 class StepwiseDrafter:
@@ -106,10 +137,9 @@ class StepwiseDrafter:
 def drive(drafting: Drafting) -> Proposal:
     """Run a ``drafting`` generator with one pass at a time."""
     try:
-        backend, token_ids, last_only = pass_work(next(drafting))
+        call = next(drafting)
         while True:
-            logits = backend.forward(token_ids, last_only=last_only)
-            backend, token_ids, last_only = pass_work(drafting.send(logits))
+            call = drafting.send(run_pass(call))
     except StopIteration as done:
         return done.value
 

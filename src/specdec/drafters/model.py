@@ -8,10 +8,17 @@ import torch
 
 from specdec.backends.base import Backend, common_prefix_length, sync_cache
 from specdec.config import SamplingParams
-from specdec.drafters.base import Branch, Drafting, KeepGoing, Proposal, StepwiseDrafter
+from specdec.drafters.base import (
+    Branch,
+    Drafting,
+    Growth,
+    KeepGoing,
+    Proposal,
+    StepwiseDrafter,
+)
 from specdec.drafters.lookup import PromptLookupDrafter
 from specdec.sampling import Sampler, sample
-from specdec.tree import chain
+from specdec.tree import chain, chain_first, likeliest_first
 
 _GREEDY = SamplingParams(temperature=0.0)
 
@@ -61,8 +68,9 @@ class ModelDrafter(StepwiseDrafter):
         branch: Branch | None = None,
     ) -> Drafting:
         """``propose``, one draft pass per step (see ``drafters.base.Drafting``). With
-        ``branch``, a tree: the chain, then the draft's second choice beside the chain
-        node at each depth ``branch`` picks (``second_choice``)."""
+        ``branch``, a tree: a ``Growth``, a deep one (``_grow``) where it can grow;
+        otherwise the chain, then the draft's second choice beside the chain node at each
+        depth the branch's leaves pick (``second_choice``)."""
         assert len(context) > 0, "drafting needs a context"
         sampler = sampler or Sampler(_GREEDY)
         if self.backend.max_length is not None:
@@ -81,6 +89,12 @@ class ModelDrafter(StepwiseDrafter):
             logits = rows[0]
         else:
             logits = (yield (self.backend, catch_up))[-1]
+        if isinstance(branch, Growth):
+            if self._grows_deep(sampler):
+                read = rows if guesses else logits.unsqueeze(0)
+                grown = self._grow(context, k, read, guesses, sampler, keep_going, branch)
+                return (yield from grown)
+            branch = branch.leaves
         token_ids: list[int] = []
         probs: list[torch.Tensor] = []
         confidences: list[float] = []
@@ -127,6 +141,116 @@ class ModelDrafter(StepwiseDrafter):
         if limit is not None:
             guesses = guesses[: max(0, limit - len(context) - 1)]
         return guesses
+
+    def _grows_deep(self, sampler: Sampler) -> bool:
+        """Whether a deep tree can grow here: the draft scores trees (specdec's int4 and
+        int8 runtimes), and its verification takes whichever child is the target's own
+        token (greedy, coupled); rejection sampling would need each child's own
+        distribution, drawn without replacement."""
+        sampled_apart = not sampler.greedy and not sampler.coupled
+        return bool(getattr(self.backend, "scores_trees", False)) and not sampled_apart
+
+    def _grow(
+        self,
+        context: Sequence[int],
+        k: int,
+        rows: torch.Tensor,  # [j]: the logits after the context and guesses[:j]
+        guesses: list[int],  # the guide's, cached after the context as a chain of tree rows
+        sampler: Sampler,
+        keep_going: KeepGoing | None,
+        growth: Growth,
+    ) -> Drafting:
+        """A deep tree (EAGLE-2's expansion): the root's candidates, then a depth at a time
+        the ``growth.beam`` likeliest open nodes scored in one tree pass of the draft (a
+        node on the guide's guesses is read from the catch-up pass, free) and each given
+        ``growth.width`` children: the draft's own pick (what the chain would hold), then
+        its next choices (greedy: by probability; coupled: the races of the rest, as
+        ``second_choice``). It stops at depth k, or when ``keep_going`` turns down the
+        likeliest open node's path. The target verifies the likeliest nodes,
+        ``growth.keep`` of them. Rows in the draft's cache past the guesses are dropped:
+        they attend to their own paths, not to the text before them."""
+        start = len(context)
+        tree_parents = list(range(-1, len(guesses) - 1))  # the cached tree rows' parents
+        tokens: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        confidences: list[float] = []
+        values: list[float] = []
+        picks: dict[int, int] = {}  # a node (-1: the root) -> its child that is the pick
+        cached: dict[int, int] = {-1: -1}  # a node -> its cached tree row
+        on_guesses: dict[int, int] = {-1: 0}  # a node on the guesses -> its row of ``rows``
+
+        def spawn(logits: torch.Tensor, parent: int) -> list[int]:
+            depth = depths[parent] + 1 if parent >= 0 else 0
+            pick, probs = sampler.pick(logits, start + depth)
+            dist = _distribution(logits, probs)
+            chosen = [pick]
+            rest = dist.clone()
+            for _ in range(growth.width - 1):
+                rest[chosen[-1]] = 0.0
+                mass = float(rest.sum())
+                if mass <= 0.0:
+                    break
+                chosen.append(sampler.race(rest / mass, start + depth) if sampler.coupled
+                              else int(rest.argmax()))  # fmt: skip
+            born = []
+            for token in chosen:
+                node = len(tokens)
+                confidence = float(dist[token])
+                tokens.append(token)
+                parents.append(parent)
+                depths.append(depth)
+                confidences.append(confidence)
+                values.append((values[parent] if parent >= 0 else 1.0) * confidence)
+                at = on_guesses.get(parent)
+                if at is not None and at < len(guesses) and guesses[at] == token:
+                    on_guesses[node] = at + 1
+                    cached[node] = at
+                born.append(node)
+            picks[parent] = born[0]
+            return born
+
+        opened = spawn(rows[0], -1)
+        passes = 0
+        while depths[opened[0]] + 1 < k:
+            best = max(opened, key=lambda n: values[n])
+            if keep_going is not None and not keep_going(self._path(best, parents, confidences)):
+                break
+            expand = sorted(opened, key=lambda n: -values[n])[: growth.beam]
+            logits_of = {n: rows[on_guesses[n]] for n in expand if n in on_guesses}
+            fed = [n for n in expand if n not in on_guesses]
+            if fed:
+                held = len(tree_parents)
+                tree_parents += [cached[parents[n]] for n in fed]
+                out = yield (self.backend, [tokens[n] for n in fed], list(tree_parents))
+                passes += 1
+                for j, n in enumerate(fed):
+                    cached[n] = held + j
+                    logits_of[n] = out[j]
+            opened = [child for n in expand for child in spawn(logits_of[n], n)]
+        self.backend.truncate(start + len(guesses))
+        order = likeliest_first(values, depths)
+        count = len(order)
+        if growth.keep is not None:
+            count = growth.keep([self._path(n, parents, confidences) for n in order], passes)
+        kept, chain_length = chain_first(order[: max(count, 1)], parents, picks, depths)
+        index = {node: i for i, node in enumerate(kept)}
+        return Proposal(
+            [tokens[n] for n in kept],
+            None,
+            self.name,
+            [confidences[n] for n in kept[:chain_length]],
+            [index[parents[n]] if parents[n] >= 0 else -1 for n in kept],
+        )
+
+    @staticmethod
+    def _path(node: int, parents: list[int], confidences: list[float]) -> list[float]:
+        """The draft's confidences down to ``node``, root first."""
+        path = []
+        while node >= 0:
+            path.append(confidences[node])
+            node = parents[node]
+        return path[::-1]
 
     def _tree(self, context, token_ids, probs, confidences, dists, sampler, branch) -> Proposal:
         """The chain and, at the depths ``branch`` picks, the second choice as a leaf."""

@@ -112,9 +112,11 @@ class LayerStack {
   // cos, sin  # [rows, head_dim]; starts  # [segments + 1]: sequence s has rows starts[s] ..
   // starts[s + 1] - 1 and held[s] positions in its buffers keys[s * layers + l],
   // values[...]  # [1, kv_heads, capacity, head_dim], with room for its new rows (written
-  // here; the caller then counts them held). parents: empty (every row causal), or one per
-  // row, the row within its sequence's rows it hangs under (-1: the held prefix): a draft
-  // tree's rows, each attending to the prefix and its own path (row_ops.cpp).
+  // here; the caller then counts them held). parents: empty (every row causal), or, for a
+  // pass of one sequence, a draft tree's: one per tree row (the tree row it hangs under, -1:
+  // the prefix), the tree's rows held from earlier passes first (the last parents.size() -
+  // rows positions held), then the pass's rows, each attending to the prefix and its own
+  // path (row_ops.cpp attention_into).
   // ->  the last layer's output  # [rows, hidden]
   torch::Tensor forward(torch::Tensor hidden, torch::Tensor cos, torch::Tensor sin,
                         std::vector<int64_t> starts, std::vector<int64_t> held,
@@ -131,8 +133,8 @@ class LayerStack {
     TORCH_CHECK(static_cast<int64_t>(starts.size()) == segments + 1 && starts[0] == 0 &&
                     starts[segments] == rows,
                 "starts: one per sequence and the row count");
-    TORCH_CHECK(parents.empty() || static_cast<int64_t>(parents.size()) == rows,
-                "parents: none, or one per row");
+    TORCH_CHECK(parents.empty() || (segments == 1 && static_cast<int64_t>(parents.size()) >= rows),
+                "parents: none, or one sequence's: one per held tree row and per row");
     TORCH_CHECK(static_cast<int64_t>(keys.size()) == segments * layers &&
                     values.size() == keys.size(),
                 "a key and a value buffer per sequence and layer");
@@ -184,10 +186,8 @@ class LayerStack {
         split_heads_into(qkvd + first * qkv.size(1), n, heads_, kv_heads_, d, cd + first * d,
                          sd + first * d, qd + first * q_size, kd, k_stride, vd, v_stride,
                          held[s]);
-        std::vector<int64_t> tree;
-        if (!parents.empty()) tree.assign(parents.begin() + first, parents.begin() + first + n);
         attention_into(qd + first * q_size, n, heads_, d, kd, k_stride, vd, v_stride, kv_heads_,
-                       held[s] + n, scaling_, tree, ad + first * q_size);
+                       held[s] + n, scaling_, parents, ad + first * q_size);
       }
       add_into_x(layer.o(attended));
       const torch::Tensor gate_up = layer.gate_up(rms_norm(x, layer.post_norm, layer.post_eps));

@@ -396,37 +396,43 @@ void split_heads_into(const float* qkv, int64_t rows, int64_t heads, int64_t kv_
 // The attention of `rows` query rows (q: [rows, heads, d], contiguous) over a kv head's
 // keys and values at k + h * k_stride (positions of d contiguous floats; the last `rows`
 // are the rows' own), into out  # [rows, heads, d]. Row i attends to positions
-// 0 .. positions - rows + i; or, given `parents` (one per row: the row it hangs under, -1
-// for the prefix's last position; a parent comes before its children), to the prefix and
-// its own path of rows: a draft tree's rows, each as its path would be computed as a chain.
+// 0 .. positions - rows + i; or, given `parents`, to the prefix and its own path of rows: a
+// draft tree's rows, each as its path would be computed as a chain. `parents` holds one
+// entry per tree row (the tree row it hangs under, -1 for the prefix's last position; a
+// parent comes before its children): the tree's rows already held (the positions just
+// before the query rows' own, parents.size() - rows of them: a draft tree grown over
+// several passes) and then the query rows. The prefix is what comes before the tree.
 void attention_into(const float* qd, int64_t rows, int64_t heads, int64_t d, const float* kd,
                     int64_t k_stride, const float* vd, int64_t v_stride, int64_t kv_heads,
                     int64_t positions, double scaling, const std::vector<int64_t>& parents,
                     float* o) {
   TORCH_CHECK(heads % kv_heads == 0, "head sizes do not match");
   TORCH_CHECK(positions >= rows, "the cache must hold the rows' own positions");
-  const int64_t held = positions - rows;
-  // A tree's paths: row r's rows, root first, at paths[r * rows ...], lengths[r] of them.
+  const int64_t tree = parents.empty() ? rows : static_cast<int64_t>(parents.size());
+  const int64_t tree_held = tree - rows;  // a tree's rows held from earlier passes
+  TORCH_CHECK(tree_held >= 0 && tree_held <= positions - rows,
+              "parents: one per held tree row and per row");
+  const int64_t held = positions - rows - tree_held;  // the prefix before the tree
+  // A tree's paths: tree row t's rows, root first, at paths[t * tree ...], lengths[t] of them.
   std::vector<int64_t> paths, lengths;
   if (!parents.empty()) {
-    TORCH_CHECK(static_cast<int64_t>(parents.size()) == rows, "parents: one per row");
-    paths.assign(rows * rows, 0);
-    lengths.assign(rows, 0);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t parent = parents[r];
-      TORCH_CHECK(parent >= -1 && parent < r, "parents: -1 or an earlier row");
+    paths.assign(tree * tree, 0);
+    lengths.assign(tree, 0);
+    for (int64_t t = 0; t < tree; ++t) {
+      const int64_t parent = parents[t];
+      TORCH_CHECK(parent >= -1 && parent < t, "parents: -1 or an earlier row");
       if (parent >= 0) {
-        std::copy_n(paths.begin() + parent * rows, lengths[parent], paths.begin() + r * rows);
-        lengths[r] = lengths[parent];
+        std::copy_n(paths.begin() + parent * tree, lengths[parent], paths.begin() + t * tree);
+        lengths[t] = lengths[parent];
       }
-      paths[r * rows + lengths[r]++] = r;
+      paths[t * tree + lengths[t]++] = t;
     }
   }
   const int64_t group = heads / kv_heads;
   at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(group * positions);
-    std::vector<float> path_keys(parents.empty() ? 0 : rows * d),
-        path_values(parents.empty() ? 0 : rows * d);
+    std::vector<float> path_keys(parents.empty() ? 0 : tree * d),
+        path_values(parents.empty() ? 0 : tree * d);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t r = item / kv_heads, kv = item % kv_heads;
       const int64_t first = (r * heads + kv * group) * d;  // the group's first query head
@@ -435,9 +441,9 @@ void attention_into(const float* qd, int64_t rows, int64_t heads, int64_t d, con
         attend(qd + first, group, k_head, v_head, held + r + 1, nullptr, nullptr, 0, d,
                static_cast<float>(scaling), scores.data(), o + first);
       } else {  // the path's keys and values gathered after the prefix's
-        const int64_t n = lengths[r];
+        const int64_t t = tree_held + r, n = lengths[t];
         for (int64_t p = 0; p < n; ++p) {
-          const int64_t at = held + paths[r * rows + p];
+          const int64_t at = held + paths[t * tree + p];
           std::copy_n(k_head + at * d, d, path_keys.data() + p * d);
           std::copy_n(v_head + at * d, d, path_values.data() + p * d);
         }
