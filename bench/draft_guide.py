@@ -3,11 +3,13 @@
 python bench/draft_guide.py [--prompts-per-workload 3] [--repeats 2] [--max-tokens 64]
                             [--min-ngram 1] [--runtime int4]
 
-The default pair, greedy, k auto, the shipped workloads; per workload the two drafters
+The default pair, greedy, k auto, the shipped workloads; per workload three drafters
+(unguided; guided at a round's start only, as before guesses resumed after a draft; guided)
 interleaved over ``--repeats`` rounds (each round runs every prompt with each). Reports the
 tokens a second, the drafter's milliseconds a generated token, and for the guided drafter
-the rounds with guesses, the guesses and how many of them the draft confirmed (each one a
-draft pass saved); checks every output equals the unguided one (the proposals are the same
+the rounds with guesses at their start, the guesses (at a round's start and after a draft
+that parted from them) and how many of them the draft confirmed (each one a draft pass
+saved); checks every output equals the unguided one (the proposals are the same
 by construction, so the text is too).
 """
 
@@ -27,19 +29,32 @@ from specdec.runtime import load_draft
 
 
 class CountingGuide(PromptLookupDrafter):
-    """Prompt lookup that counts its guesses (rounds, guesses) for the report."""
+    """Prompt lookup that counts its guesses for the report: the rounds it guessed at the
+    start of, and every guess it made (at a round's start and after a draft)."""
 
     def __init__(self, *args):
         super().__init__(*args)
         self.rounds = self.guesses = 0
-        self.last: list[int] = []
+        self.last: list[int] = []  # this round's guesses, in the order they were read
 
-    def propose(self, context, k, sampler=None, keep_going=None):
-        proposal = super().propose(context, k, sampler, keep_going)
-        self.rounds += bool(proposal.token_ids)
-        self.guesses += len(proposal.token_ids)
-        self.last = proposal.token_ids
-        return proposal
+    def continuation(self, context, after, k):
+        guesses = super().continuation(context, after, k)
+        if not after:
+            self.rounds += bool(guesses)
+            self.last = []
+        self.guesses += len(guesses)
+        self.last = (self.last + [-1] * len(after))[: len(after)] + guesses  # by position
+        return guesses
+
+
+class StartGuide(CountingGuide):
+    """The guide as it was before guesses resumed after a draft: at a round's start only."""
+
+    def continuation(self, context, after, k):
+        return [] if after else super().continuation(context, after, k)
+
+
+ARMS = {"unguided": None, "guided at start": StartGuide, "guided": CountingGuide}
 
 
 class CountingDrafter(ModelDrafter):
@@ -52,12 +67,10 @@ class CountingDrafter(ModelDrafter):
             self.guide.last = []
         proposal = yield from super().drafting(context, k, sampler, keep_going, branch)
         guesses = self.guide.last if self.guide is not None else []
-        n = 0
-        while (
-            n < min(len(guesses), len(proposal.token_ids)) and guesses[n] == proposal.token_ids[n]
-        ):
-            n += 1
-        self.confirmed += n
+        # a draft confirmed a guess where it picked the token guessed at its place
+        self.confirmed += sum(
+            1 for guess, token in zip(guesses, proposal.token_ids, strict=False) if guess == token
+        )
         return proposal
 
 
@@ -81,11 +94,11 @@ def main() -> None:
     for workload in WORKLOADS:
         prompts = load_workloads([workload], args.prompts_per_workload)
         encoded = [encode_prompt(target.tokenizer, p.prompt, p.template) for p in prompts]
-        rows: dict[str, list] = {"unguided": [], "guided": []}
-        texts: dict[str, list] = {"unguided": [], "guided": []}
+        rows: dict[str, list] = {name: [] for name in ARMS}
+        texts: dict[str, list] = {name: [] for name in ARMS}
         for _ in range(args.repeats):
-            for name in rows:
-                guide = CountingGuide(3, args.min_ngram) if name == "guided" else None
+            for name, arm in ARMS.items():
+                guide = arm(3, args.min_ngram) if arm is not None else None
                 seconds = draft_seconds = tokens = rounds = confirmed = 0.0
                 for ids in encoded:
                     drafter = CountingDrafter(draft, guide)
@@ -108,7 +121,7 @@ def main() -> None:
                 else "- | - | -"
             )
             print(f"| {workload} | {name} | {rates} | {draft_ms:.2f} | {extra} |")
-        same = texts["guided"] == texts["unguided"]
+        same = texts["guided"] == texts["unguided"] == texts["guided at start"]
         print(f"| {workload} | outputs equal | {same} | | | | |")
         if not same:
             raise SystemExit(f"{workload}: a guided output differs from the unguided one")

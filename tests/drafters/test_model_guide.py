@@ -19,7 +19,8 @@ K = 6
 
 
 class FixedGuide:
-    """A guide that guesses what it is told to (lookup's interface)."""
+    """A guide that guesses what it is told to at a round's start, nothing after a draft
+    (lookup's interface)."""
 
     def __init__(self, guesses: list[int]):
         self.guesses = guesses
@@ -27,8 +28,22 @@ class FixedGuide:
     def prepare(self, context) -> None:
         pass
 
-    def propose(self, context, k, sampler=None, keep_going=None) -> Proposal:
-        return Proposal(self.guesses[:k], drafter="lookup")
+    def continuation(self, context, after, k) -> list[int]:
+        return [] if after else self.guesses[:k]
+
+
+class KnowingGuide(FixedGuide):
+    """A guide that knows the text after CONTEXT (``guesses``) but at the positions in
+    ``blind``: it guesses from wherever the drafts have got to."""
+
+    def __init__(self, guesses: list[int], blind: set[int]):
+        super().__init__(guesses)
+        self.blind = blind
+
+    def continuation(self, context, after, k) -> list[int]:
+        at = len(context) + len(after) - len(CONTEXT)
+        text = [1 if i in self.blind else t for i, t in enumerate(self.guesses)]
+        return text[at : at + k]
 
 
 @pytest.fixture(scope="module", params=["int8", "int4"])
@@ -88,6 +103,23 @@ def test_guesses_right_wrong_or_none_give_the_unguided_proposal(draft, kind):
             cached[: len(CONTEXT)] == CONTEXT
             and cached[len(CONTEXT) :] == chain[: len(cached) - len(CONTEXT)]
         )
+
+
+@pytest.mark.parametrize("kind", ["greedy", "sampled", "coupled"])
+def test_a_copy_resumes_after_a_wrong_guess(draft, kind):
+    """Where the guide guesses wrong at a position and right after it (an edit in a copy),
+    the pass that feeds the draft's own pick there reads the guide's next guesses: one more
+    pass where unguided drafting takes one a token."""
+    make_sampler = samplers()[kind]
+    chain = ModelDrafter(backend(draft)).propose(CONTEXT, K, make_sampler()).token_ids
+    blind = {2} if chain[2] != 1 else {3}
+    drafter = ModelDrafter(backend(draft), KnowingGuide(chain, blind))
+    proposal, rows = counted(drafter, make_sampler())
+    assert proposal.token_ids == chain
+    at = min(blind)  # the pass feeding the pick there reads the K - at - 2 guesses after it
+    assert rows == [len(CONTEXT) + K - 1, 1 + K - at - 2]
+    cached = drafter.backend.cached_token_ids
+    assert cached == CONTEXT + chain[: len(cached) - len(CONTEXT)]
 
 
 def test_a_guided_round_after_a_guided_round_catches_up_from_the_cache(draft):

@@ -67,15 +67,27 @@ class PromptLookupDrafter:
         sampler: Sampler | None = None,
         keep_going: KeepGoing | None = None,
     ) -> Proposal:
+        return Proposal(self.continuation(context, (), k), drafter=self.name)
+
+    def continuation(self, context: Sequence[int], after: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens: what followed the latest earlier occurrence in ``context`` of the
+        tail of ``context`` and then ``after`` (drafts, not text yet: matched, not indexed,
+        so the index stays the text's as rounds accept and reject them).
+
+        >>> PromptLookupDrafter(max_ngram=2).continuation([5, 6, 7, 8, 1, 5], [6], 2)
+        [7, 8]
+        """
         if k <= 0:
-            return Proposal([], drafter=self.name)
+            return []
         self._sync(context)
         tokens = self._tokens
-        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
-            end = self._latest_end.get(tuple(tokens[-n:]))
+        tail = (tokens[-self.max_ngram :] + list(after))[-self.max_ngram :]
+        longest = min(self.max_ngram, len(tokens) + len(after) - 1, len(tail))
+        for n in range(longest, self.min_ngram - 1, -1):
+            end = self._latest_end.get(tuple(tail[-n:]))
             if end is not None:
-                return Proposal(tokens[end : end + k], drafter=self.name)
-        return Proposal([], drafter=self.name)
+                return tokens[end : end + k]
+        return []
 
     def _sync(self, context: Sequence[int]) -> None:
         """Extend the index with the tokens ``context`` adds; rebuild if it is not an extension."""

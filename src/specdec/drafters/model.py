@@ -32,11 +32,12 @@ class ModelDrafter(StepwiseDrafter):
     token; after a rejection, just the recovered token.
 
     With a ``guide`` (prompt lookup: what followed an earlier occurrence of the context's
-    tail), the draft first reads the guide's guesses in the same pass as what it catches up
-    on, every row's logits kept: while the draft's own pick at a position is the guess it
-    read there, the next row's logits are the ones a step would have given, so the chain
-    goes on without another pass; at the first pick that differs the guesses after it are
-    cut from the cache and drafting goes on step by step. The proposal is the one the
+    tail), the draft reads the guide's guesses in the same pass as what it feeds (what it
+    catches up on, or its last pick), every row's logits kept: while the draft's own pick at
+    a position is the guess it read there, the next row's logits are the ones a step would
+    have given, so the chain goes on without another pass; at the first pick that differs
+    the guesses after it are cut from the cache, and the pass that feeds that pick reads
+    the guide's guesses after it (a copy resumes after an edit). The proposal is the one the
     unguided draft makes (the same tokens from the same logits, the same random numbers
     drawn in the same order; on specdec's runtimes a row in a pass is its step bit for bit),
     for one pass of several rows where it would take as many passes as guesses it confirms
@@ -81,7 +82,7 @@ class ModelDrafter(StepwiseDrafter):
         keep = min(common_prefix_length(self.backend.cached_token_ids, context), len(context) - 1)
         self.backend.truncate(keep)
         catch_up = list(context[keep:])
-        guesses = self._guesses(context, k)
+        guesses = self._guesses(context, [], k - 1)
         offered = guesses  # what the guide offered, kept for a tree's branch
         if guesses:
             # rows[j]: the logits after the context and the first j guesses
@@ -113,14 +114,18 @@ class ModelDrafter(StepwiseDrafter):
                 break
             if len(token_ids) == k:
                 break
-            confirmed = len(token_ids) - 1  # guesses read before this pick
-            if confirmed < len(guesses) and guesses[confirmed] == token_id:
-                logits = rows[confirmed + 1]  # the draft read this token already
+            if guesses and guesses[0] == token_id:  # the draft read this token already
+                guesses, rows = guesses[1:], rows[1:]
+                logits = rows[0]
                 continue
             if guesses:  # it picked otherwise: the guesses from here on are not the text
-                self.backend.truncate(len(context) + confirmed)
-                guesses = []
-            logits = (yield (self.backend, [token_id]))[-1]
+                self.backend.truncate(len(context) + len(token_ids) - 1)
+            guesses = self._guesses(context, token_ids, k - len(token_ids) - 1)
+            if guesses:  # rows[j]: the logits after this pick and the first j guesses
+                rows = yield (self.backend, [token_id, *guesses], True)
+                logits = rows[0]
+            else:
+                logits = (yield (self.backend, [token_id]))[-1]
         if branch is not None:
             tree = self._tree(context, token_ids, probs, confidences, dists, sampler, branch)
             return with_copy(tree, offered, token_ids, sampled=bool(probs), coupled=sampler.coupled)
@@ -131,15 +136,16 @@ class ModelDrafter(StepwiseDrafter):
             confidences if keep_going is not None else None,
         )
 
-    def _guesses(self, context: Sequence[int], k: int) -> list[int]:
-        """The guide's guesses for the first k - 1 drafts (the k-th is read from the row
-        after them): none without a guide, k = 1, or a draft window too short for them."""
-        if self.guide is None or k < 2:
+    def _guesses(self, context: Sequence[int], drafted: list[int], most: int) -> list[int]:
+        """The guide's guesses of up to ``most`` tokens after ``context`` and ``drafted``
+        (the last draft's row is read from the row after them, so a round of k drafts reads
+        at most k - 1): none without a guide, or a draft window too short for them."""
+        if self.guide is None or most < 1:
             return []
-        guesses = self.guide.propose(context, k - 1).token_ids
+        guesses = self.guide.continuation(context, drafted, most)
         limit = self.backend.max_length
         if limit is not None:
-            guesses = guesses[: max(0, limit - len(context) - 1)]
+            guesses = guesses[: max(0, limit - len(context) - len(drafted) - 1)]
         return guesses
 
     def _grows_deep(self, sampler: Sampler) -> bool:
