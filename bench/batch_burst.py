@@ -10,7 +10,8 @@ joining requests are), then calls ``engine.step_together`` until all are done, t
 model's passes batched too, with one k controller shared by the requests (as the server
 shares it). Configurations (--configs) run interleaved, burst by burst, each with its own
 controller: ``auto`` as the server (k auto, and whether a step drafts at all learned per
-batch size: ``controller.BatchDrafting``), ``auto-always`` (k auto, every step may draft),
+batch size: ``controller.BatchDrafting``), ``auto-steady`` (the same, without backing off
+its tries of the slower way), ``auto-always`` (k auto, every step may draft),
 or a fixed k (``0``: plain batched decoding); with several ``--drafters`` (recipes of
 ``model`` and ``lookup``, as the server builds them), every configuration runs with each.
 Reported per burst: tokens/s over the whole burst (prefill included), the prefill seconds,
@@ -84,8 +85,9 @@ def main() -> int:
         "--configs",
         default="auto",
         help="comma-separated, run interleaved burst by burst: auto (k auto, drafting per "
-        "batch size learned as the server does), auto-always (k auto, every step may draft), "
-        "or a fixed k (0: no drafting)",
+        "batch size learned as the server does), auto-steady (the same, trying the slower way "
+        "every explore_every steps, without backing off), auto-always (k auto, every step may "
+        "draft), or a fixed k (0: no drafting)",
     )
     parser.add_argument(
         "--drafters",
@@ -107,7 +109,11 @@ def main() -> int:
     for name in args.configs.split(","):
         for recipe in recipes:
             k = int(name) if name.isdigit() else "auto"
-            policy = BatchDrafting() if name == "auto" else None
+            policy = None
+            if name == "auto":
+                policy = BatchDrafting()
+            elif name == "auto-steady":  # tries the other way every explore_every steps
+                policy = BatchDrafting(explore_most=BatchDrafting.explore_every)
             # one controller per configuration for all its bursts, as the server keeps one
             controller = new_controller(drafter(recipe, draft_batched), max_k)
             label = name if len(recipes) == 1 else f"{name} {recipe}"

@@ -299,6 +299,32 @@ def test_batch_drafting_keeps_the_faster_choice_per_batch_size_and_explores():
     assert (1, False) not in policy.rates
 
 
+def test_batch_drafting_tries_a_losing_way_ever_less_often_and_a_winning_one_again_soon():
+    from specdec.controller import BatchDrafting
+
+    policy = BatchDrafting(explore_every=4, explore_most=16, samples=1)
+    for drafting in (True, False):  # measured: plain decoding is faster at 8
+        assert policy.drafting(8) is drafting
+        policy.observe(8, drafting, *((24, 0.3) if drafting else (8, 0.075)))
+    tries = []
+    for step in range(60):
+        drafting = policy.drafting(8)
+        if drafting:
+            tries.append(step)
+        policy.observe(8, drafting, *((24, 0.3) if drafting else (8, 0.075)))  # still slower
+    gaps = [later - earlier for earlier, later in zip(tries, tries[1:], strict=False)]
+    assert gaps[:3] == [8, 16, 16], "each losing try doubles the wait, up to explore_most"
+    # the way tried turns faster (200 tok/s): once its tries make it the preferred way, the
+    # wait is back to explore_every (for tries of plain decoding now)
+    for _ in range(60):
+        drafting = policy.drafting(8)
+        policy.observe(8, drafting, *((60, 0.3) if drafting else (8, 0.075)))
+        if policy.prefers_drafting(8):
+            break
+    assert policy.prefers_drafting(8), "drafting measured faster now"
+    assert policy.waits[8] == 4
+
+
 def test_a_slow_pass_does_not_stand_for_its_size_and_deeper_sizes_are_revisited():
     """One slow first 5-token pass (58 ms, cold) among 46 ms ones: the estimate is the
     median of the last COST_WINDOW, 46 ms, not an average pulled up by the outlier; the draft
