@@ -2,7 +2,7 @@
 letting the draft's confidence end the round.
 
 python bench/k_policy.py [--prompts-per-workload 3] [--repeats 2] [--max-tokens 64]
-                         [--warm]
+                         [--warm] [--compare-warm]
 
 The default int4 pair, the draft model (guided by lookup, as shipped), greedy, k auto, the
 shipped workloads. Arms, interleaved over ``--repeats`` rounds: ``shipped`` (``AdaptiveK``:
@@ -39,6 +39,7 @@ class Ceiling(AdaptiveK):
 
 
 ARMS = {"shipped": AdaptiveK, "ceiling": Ceiling}
+WARM = "shipped, warm"  # --compare-warm: the shipped policy kept across every request
 
 
 def main() -> None:
@@ -47,7 +48,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--warm", action="store_true")
+    parser.add_argument(
+        "--compare-warm",
+        action="store_true",
+        help="arms: the shipped policy fresh for every request against one kept across all "
+        "requests and repeats (what a policy saved between runs would give)",
+    )
     args = parser.parse_args()
+    arms = {"shipped": AdaptiveK, WARM: AdaptiveK} if args.compare_warm else ARMS
+    kept = {WARM: AdaptiveK(max_k=SpecConfig().max_k)}
     target = load_backend("qwen2.5-coder-1.5b-instruct", "int4")
     draft, _ = load_draft("qwen2.5-coder-0.5b-instruct", "int4")
     sources = DraftSources(draft_model=lambda: draft)
@@ -60,16 +69,16 @@ def main() -> None:
     for workload in WORKLOADS:
         prompts = load_workloads([workload], args.prompts_per_workload)
         encoded = [encode_prompt(target.tokenizer, p.prompt, p.template) for p in prompts]
-        rates: dict[str, list[float]] = {name: [] for name in ARMS}
+        rates: dict[str, list[float]] = {name: [] for name in arms}
         shape: dict[str, tuple[float, dict]] = {}
-        outputs: dict[str, list[list[int]]] = {name: [] for name in ARMS}
+        outputs: dict[str, list[list[int]]] = {name: [] for name in arms}
         for _ in range(args.repeats):
-            for name, policy in ARMS.items():
-                controller = policy(max_k=spec.max_k)
+            for name, policy in arms.items():
+                controller = kept.get(name) or policy(max_k=spec.max_k)
                 seconds = tokens = rounds = 0.0
                 bounds: dict[int, int] = {}
                 for ids in encoded:
-                    if not args.warm:
+                    if not args.warm and name not in kept:
                         controller = policy(max_k=spec.max_k)
                     engine = Engine(target, build_drafter("model", sources), controller)
                     out = engine.generate(ids, params, spec)
@@ -81,12 +90,12 @@ def main() -> None:
                     outputs[name].append(out.token_ids)
                 rates[name].append(tokens / seconds)
                 shape[name] = (tokens / rounds, dict(sorted(bounds.items())))
-        for name in ARMS:
+        for name in arms:
             each = ", ".join(f"{r:.1f}" for r in rates[name])
             per_round, bounds = shape[name]
             median = statistics.median(rates[name])
             print(f"| {workload} | {name} | {median:.1f} ({each}) | {per_round:.2f} | {bounds} |")
-        if any(outputs[name] != outputs["shipped"] for name in ARMS):
+        if any(outputs[name] != outputs["shipped"] for name in arms):
             raise SystemExit(f"{workload}: outputs differ between policies")
 
 
