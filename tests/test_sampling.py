@@ -201,3 +201,18 @@ def test_sample_at_the_ends_of_the_unit_interval(monkeypatch, uniform, expected)
     drawn = torch.tensor([uniform], dtype=torch.float64)
     monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: drawn)
     assert sample(probs, make_generator(0)) == expected
+
+
+def test_argmax_rows_is_torchs_argmax_ties_nans_and_infinities_included():
+    from specdec.sampling import argmax_rows
+
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(6, 1000, generator=generator)
+    rows[1, 10] = rows[1, 700] = rows[1].max() + 1.0  # a tie: the first wins
+    rows[2, 300] = float("nan")  # a NaN counts as the largest
+    rows[3] = float("-inf")  # nothing finite: the first
+    rows[4, 999] = float("inf")
+    rows[5, :500] = rows[5, 500:]  # every value twice
+    for tensor in (rows, rows.double(), rows.bfloat16()):
+        assert argmax_rows(tensor) == tensor.argmax(dim=-1).tolist()
+    assert argmax_rows(rows[0]) == [int(rows[0].argmax())]

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import sample
+from specdec.sampling import argmax_rows, sample
 
 # A distribution draft's residual with less mass than this is float noise (the two
 # distributions are equal up to rounding): sampling from it would amplify the noise, so
@@ -66,9 +66,9 @@ def verify_greedy(
     """Accept the longest prefix of drafts that equals the target's argmax."""
     k = draft_token_ids.shape[0]
     assert target_logits.shape[0] == k + 1, "target must score k + 1 positions"
-    target_argmax = target_logits.argmax(dim=-1)
-    num_accepted = _leading_true(draft_token_ids == target_argmax[:k])
-    token_ids = draft_token_ids[:num_accepted].tolist() + [int(target_argmax[num_accepted])]
+    target_argmax = argmax_rows(target_logits)
+    num_accepted = _leading_true(draft_token_ids == torch.tensor(target_argmax[:k]))
+    token_ids = draft_token_ids[:num_accepted].tolist() + [target_argmax[num_accepted]]
     return VerifyResult(token_ids, num_accepted, bonus=num_accepted == k)
 
 

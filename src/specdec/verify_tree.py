@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.sampling import sample
+from specdec.sampling import argmax_rows, sample
 from specdec.tree import children
 from specdec.verify import RESIDUAL_EPSILON, VerifyResult
 
@@ -48,7 +48,7 @@ def verify_tree_greedy(
     token_ids: Sequence[int], parents: Sequence[int], target_logits: torch.Tensor
 ) -> VerifyResult:
     """The longest path whose tokens are the target's argmax at each row."""
-    return _follow(token_ids, parents, target_logits.argmax(dim=-1).tolist())
+    return _follow(token_ids, parents, argmax_rows(target_logits))
 
 
 def verify_tree_coupled(
