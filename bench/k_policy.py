@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from pair import encoded_prompts, load_int4_pair  # bench/pair.py, beside this script
+
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.bench.harness import WORKLOADS, load_workloads
+from specdec.bench.harness import WORKLOADS
 from specdec.controller import AdaptiveK
-from specdec.drafters.recipe import DraftSources, build_drafter
-from specdec.loading import load_backend
+from specdec.drafters.recipe import build_drafter
 from specdec.machine import cpu_name
-from specdec.prompting import encode_prompt
-from specdec.runtime import load_draft
 
 
 class Ceiling(AdaptiveK):
@@ -57,9 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     arms = {"shipped": AdaptiveK, WARM: AdaptiveK} if args.compare_warm else ARMS
     kept = {WARM: AdaptiveK(max_k=SpecConfig().max_k)}
-    target = load_backend("qwen2.5-coder-1.5b-instruct", "int4")
-    draft, _ = load_draft("qwen2.5-coder-0.5b-instruct", "int4")
-    sources = DraftSources(draft_model=lambda: draft)
+    target, sources = load_int4_pair()
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     spec = SpecConfig(k="auto")
     start = "warm (one policy a workload)" if args.warm else "cold (a policy a request)"
@@ -67,8 +64,7 @@ def main() -> None:
     print("| workload | policy | tok/s (each repeat) | tokens a round | k bounds (k: rounds) |")
     print("|---|---|---|---|---|")
     for workload in WORKLOADS:
-        prompts = load_workloads([workload], args.prompts_per_workload)
-        encoded = [encode_prompt(target.tokenizer, p.prompt, p.template) for p in prompts]
+        encoded = encoded_prompts(target, workload, args.prompts_per_workload)
         rates: dict[str, list[float]] = {name: [] for name in arms}
         shape: dict[str, tuple[float, dict]] = {}
         outputs: dict[str, list[list[int]]] = {name: [] for name in arms}

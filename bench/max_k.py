@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from pair import encoded_prompts, load_int4_pair  # bench/pair.py, beside this script
+
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.bench.harness import WORKLOADS, load_workloads
-from specdec.drafters.recipe import DraftSources, build_drafter
-from specdec.loading import load_backend
+from specdec.bench.harness import WORKLOADS
+from specdec.drafters.recipe import build_drafter
 from specdec.machine import cpu_name
-from specdec.prompting import encode_prompt
-from specdec.runtime import load_draft
 
 
 def main() -> None:
@@ -32,16 +31,13 @@ def main() -> None:
     parser.add_argument("--recipe", default="lookup+model")
     args = parser.parse_args()
     ceilings = [int(c) for c in args.ceilings.split(",")]
-    target = load_backend("qwen2.5-coder-1.5b-instruct", "int4")
-    draft, _ = load_draft("qwen2.5-coder-0.5b-instruct", "int4")
-    sources = DraftSources(draft_model=lambda: draft)
+    target, sources = load_int4_pair()
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     print(f"{cpu_name()}; int4 pair, {args.recipe}, greedy, k auto, {args.max_tokens} tokens")
     print("| workload | max_k | tok/s (each repeat) | tokens a round | rounds at the ceiling |")
     print("|---|---|---|---|---|")
     for workload in WORKLOADS:
-        prompts = load_workloads([workload], args.prompts_per_workload)
-        encoded = [encode_prompt(target.tokenizer, p.prompt, p.template) for p in prompts]
+        encoded = encoded_prompts(target, workload, args.prompts_per_workload)
         rates: dict[int, list[float]] = {c: [] for c in ceilings}
         shape: dict[int, tuple[float, int]] = {}
         outputs: dict[int, list[list[int]]] = {c: [] for c in ceilings}

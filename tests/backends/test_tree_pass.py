@@ -9,7 +9,7 @@ from specdec.backends.batched import BatchedModel
 from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
 from specdec.backends.quant.kernels import kernel
 from specdec.doctor import real_size_int8_model, real_size_model
-from specdec.tree import children, path_rows, row_parents
+from specdec.tree import children, path_rows, row_depths, row_parents
 
 PREFIX = [5, 9, 2, 7, 7, 1, 30, 12, 20, 3, 8, 8, 19, 27, 4, 11, 6, 23, 21, 2]
 # The root's three children (the first with a chain of 3 under it, the second with two
@@ -26,18 +26,24 @@ def paths(parents):
     return out
 
 
-def assert_rows_are_their_chains(model, root=13):
-    batched = BatchedModel(model)
-    tree = batched.sequence()
-    tree.forward(PREFIX)
-    logits = tree.forward_tree([root] + TOKENS, row_parents(PARENTS))
+def assert_each_row_is_its_chain(batched, scored, root):
+    """``scored[0]`` (the root's row) and ``scored[node + 1]`` (each node's) equal the rows of
+    their paths fed as chains, bit for bit."""
     chain = batched.sequence()
     chain.forward(PREFIX)
     for node, path in enumerate(paths(PARENTS)):
         chain.truncate(len(PREFIX))
         rows = chain.forward([root] + [TOKENS[n] for n in path])
-        assert torch.equal(logits[0], rows[0]), "the root's row"
-        assert torch.equal(logits[node + 1], rows[-1]), f"node {node}'s row differs from its chain"
+        assert torch.equal(scored[0], rows[0]), "the root's row"
+        assert torch.equal(scored[node + 1], rows[-1]), f"node {node}'s row differs from its chain"
+
+
+def assert_rows_are_their_chains(model, root=13):
+    batched = BatchedModel(model)
+    tree = batched.sequence()
+    tree.forward(PREFIX)
+    logits = tree.forward_tree([root] + TOKENS, row_parents(PARENTS))
+    assert_each_row_is_its_chain(batched, logits, root)
 
 
 def assert_grown_rows_are_their_chains(model, root=13):
@@ -47,31 +53,20 @@ def assert_grown_rows_are_their_chains(model, root=13):
     batched = BatchedModel(model)
     tree = batched.sequence()
     tree.forward(PREFIX)
-    row_parents_ = row_parents(PARENTS)
-    depths = [0] * len(row_parents_)
-    for row, parent in enumerate(row_parents_):
-        depths[row] = 0 if parent < 0 else depths[parent] + 1
-    order = sorted(range(len(row_parents_)), key=lambda r: depths[r])  # rows by depth
+    tree_parents = row_parents(PARENTS)
+    depths = row_depths(tree_parents)
+    order = sorted(range(len(tree_parents)), key=lambda r: depths[r])  # rows by depth
     at = {row: i for i, row in enumerate(order)}  # a row's place in the cache
-    scored: dict[int, torch.Tensor] = {}
+    passes = [[r for r in order if depths[r] <= 1]]
+    passes += [[r for r in order if depths[r] == d] for d in range(2, max(depths) + 1)]
     tokens = [root] + TOKENS
-    for depth in range(max(depths) + 1):
-        rows = [r for r in order if depths[r] == depth or (depth == 0 and depths[r] == 1)]
-        if depth == 1:
-            continue  # the first pass took depths 0 and 1
-        held = len(scored)
-        cached = order[: held + len(rows)]
-        parents = [-1 if row_parents_[r] < 0 else at[row_parents_[r]] for r in cached]
+    scored: dict[int, torch.Tensor] = {}
+    for rows in passes:
+        cached = order[: len(scored) + len(rows)]  # the rows held, then this pass's
+        parents = [-1 if tree_parents[r] < 0 else at[tree_parents[r]] for r in cached]
         logits = tree.forward_tree([tokens[r] for r in rows], parents)
-        for r, row_logits in zip(rows, logits, strict=True):
-            scored[r] = row_logits
-    chain = batched.sequence()
-    chain.forward(PREFIX)
-    for node, path in enumerate(paths(PARENTS)):
-        chain.truncate(len(PREFIX))
-        rows = chain.forward([root] + [TOKENS[n] for n in path])
-        assert torch.equal(scored[0], rows[0]), "the root's row"
-        assert torch.equal(scored[node + 1], rows[-1]), f"node {node}'s row differs from its chain"
+        scored.update(zip(rows, logits, strict=True))
+    assert_each_row_is_its_chain(batched, scored, root)
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 8])

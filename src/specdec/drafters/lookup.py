@@ -82,7 +82,7 @@ class PromptLookupDrafter:
         self._sync(context)
         tokens = self._tokens
         tail = (tokens[-self.max_ngram :] + list(after))[-self.max_ngram :]
-        longest = min(self.max_ngram, len(tokens) + len(after) - 1, len(tail))
+        longest = min(self.max_ngram, len(tokens) + len(after) - 1)
         for n in range(longest, self.min_ngram - 1, -1):
             end = self._latest_end.get(tuple(tail[-n:]))
             if end is not None:

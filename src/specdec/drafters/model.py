@@ -17,7 +17,7 @@ from specdec.drafters.base import (
     StepwiseDrafter,
 )
 from specdec.drafters.lookup import PromptLookupDrafter
-from specdec.sampling import Sampler, sample
+from specdec.sampling import Sampler, argmax_rows, sample
 from specdec.tree import chain, chain_first, likeliest_first
 
 _GREEDY = SamplingParams(temperature=0.0)
@@ -198,7 +198,7 @@ class ModelDrafter(StepwiseDrafter):
                 if mass <= 0.0:
                     break
                 chosen.append(sampler.race(rest / mass, start + depth) if sampler.coupled
-                              else int(rest.argmax()))  # fmt: skip
+                              else argmax_rows(rest)[0])  # fmt: skip
             born = []
             for token in chosen:
                 node = len(tokens)
@@ -341,7 +341,7 @@ def second_choice(
         return -1, None, 0.0
     rest = rest / mass
     if not sampled:
-        token = int(rest.argmax())
+        token = argmax_rows(rest)[0]
     elif sampler.coupled:
         token = sampler.race(rest, position)
     else:
