@@ -98,10 +98,9 @@ def test_doctor_times_the_draft_as_it_drafts_too(model_dir, tmp_path, monkeypatc
     memory_floor(cache, models=(name,), drafts=(name,))
     lines = capsys.readouterr().out.splitlines()
     for on in ("int4", "int8"):
-        backend = load_backend(name, on, cache)
-        whole = floor.step_bytes(backend.model)
-        runtime.score_draft_vocabulary(backend, name, "auto", on)
-        trimmed = floor.step_bytes(backend.model)
+        whole = floor.step_bytes(load_backend(name, on, cache).model)
+        draft, _ = runtime.load_draft(name, on, cache)  # as generate loads it
+        trimmed = floor.step_bytes(draft.model)
         assert trimmed < whole
         line = next(line for line in lines if f"{name} on {on} as a draft (16 tokens" in line)
         assert f"{floor.size(trimmed)} a step" in line, line

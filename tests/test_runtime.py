@@ -47,3 +47,17 @@ def test_the_bench_reads_the_same_values():
     assert RuntimePair.parse("llamacpp:q8_0").target == "q8_0"
     with pytest.raises(ValueError, match="unknown runtime"):
         RuntimePair.parse("int8/llamacpp:zz")
+
+
+def test_a_draft_on_int4_loads_the_drafts_own_form(monkeypatch):
+    """``Runtime.load(draft=True)`` asks int4 for a scale per 128 inputs (``DRAFT_GROUP``);
+    a target, or a draft on another runtime, for the model's own form."""
+    from specdec.backends.quant.int4 import DRAFT_GROUP
+
+    calls = []
+    monkeypatch.setattr("specdec.loading.load_backend", lambda *a, **k: calls.append(k))
+    parse_runtime("int4").load("a-model", draft=True)
+    parse_runtime("int4").load("a-model")
+    parse_runtime("int8").load("a-model", draft=True)
+    assert calls[0].get("int4_group") == DRAFT_GROUP
+    assert "int4_group" not in calls[1] and "int4_group" not in calls[2]

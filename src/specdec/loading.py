@@ -46,44 +46,56 @@ def load_backend(
     progress: Progress | None = None,
     runtime: str = "transformers",
     gguf_type: str = "q4_k_m",
+    int4_group: int = 32,
 ):
     """``spec`` is a catalog name (built and cached on first use) or a model directory
     (a .gguf file for llama.cpp). ``dtype`` applies to transformers; llama.cpp runs a
     catalog model as ``gguf_type`` (made once from the catalog's Q4_K_M file) and a .gguf
-    file as it is."""
+    file as it is. ``int4_group``: inputs per weight scale on int4 (32; a draft's 128,
+    ``backends.quant.int4.DRAFT_GROUP``, in a runtime form of its own)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     if runtime == "llamacpp":
         return _load_llamacpp(spec, cache_dir, progress, gguf_type)
     quantized = dtype in QUANTIZED
     if quantized and spec in CATALOG:
-        return _load_catalog_quantized(lookup(spec), dtype, cache_root(cache_dir), progress)
+        entry, root = lookup(spec), cache_root(cache_dir)
+        return _load_catalog_quantized(entry, dtype, root, progress, int4_group)
     directory = model_directory(spec, cache_dir, progress, verify=not quantized)
 
     def check_source() -> None:  # the float32 weights are read to quantize: check them first
         model_directory(spec, cache_dir, progress, verify=True)
 
     return load_hf(
-        directory, dtype, progress, cache_root(cache_dir) / "int8", check_source=check_source
+        directory,
+        dtype,
+        progress,
+        cache_root(cache_dir) / "int8",
+        check_source=check_source,
+        int4_group=int4_group,
     )
 
 
-def _load_catalog_quantized(entry, dtype: str, root: Path, progress: Progress | None) -> HFModel:
+def _load_catalog_quantized(
+    entry, dtype: str, root: Path, progress: Progress | None, int4_group: int = 32
+) -> HFModel:
     """A catalog model on int8 or int4, its runtime form made straight from the GGUF when it
-    is not cached yet (``backends.quant.from_gguf``: no float32 copy is made)."""
+    is not cached yet (``backends.quant.from_gguf``: no float32 copy is made). An int4
+    form of another ``int4_group`` than 32 (a draft's) is a form of its own."""
 
     from specdec.backends.quant import store
     from specdec.backends.quant.from_gguf import build_form
 
     report = progress or no_progress
     files = ensure_model_files(entry, root, report)
+    group = int4_group if dtype == "int4" else 32
     built = []
 
     def build():
         built.append(dtype)
-        return build_form(ensure_gguf(entry, root, report), files, dtype, progress)
+        return build_form(ensure_gguf(entry, root, report), files, dtype, progress, group)
 
-    directory = form_directory(entry, root, dtype)
+    directory = form_directory(entry, root, dtype, group)
     model = store.load_or_build(files, directory, progress, dtype, build=build)
     if built:  # the form and the small files are all this runtime reads from now on
         remove_gguf(entry, root)
@@ -144,13 +156,14 @@ def load_hf(
     progress: Progress | None = None,
     int8_cache: Path | None = None,
     check_source: Callable[[], object] | None = None,
+    int4_group: int = 32,
 ) -> HFModel:
     """Load a saved transformers causal LM (+ its tokenizer, if saved beside it).
 
     ``int8`` / ``int4``: from the runtime form cached under ``int8_cache`` (int4 beside it,
     in ``<int8_cache>/../int4``) when there is one for this model (built and written on
     first use), else quantized in memory. ``check_source``: called before the float32
-    weights are read to build a runtime form."""
+    weights are read to build a runtime form. ``int4_group``: as ``load_backend``'s."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
     from transformers.utils import logging as hf_logging
 
@@ -164,18 +177,30 @@ def load_hf(
     model: PreTrainedModel
     if dtype not in QUANTIZED:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
-    elif int8_cache is None:
-        from specdec.backends.quant.store import quantizer
-
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-        quantizer(dtype)(model, progress)
     else:
-        from specdec.backends.quant import store as runtime_cache
-
-        root = int8_cache if dtype == "int8" else int8_cache.with_name(dtype)
-        model = runtime_cache.load_or_build(
-            directory, root / _cache_name(directory), progress, dtype, check_source
+        from specdec.backends.quant.convert import (
+            make_int4_batch_invariant,
+            make_int8_batch_invariant,
         )
+
+        group = int4_group if dtype == "int4" else 32
+
+        def quantized() -> PreTrainedModel:
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+            if dtype == "int4":
+                return make_int4_batch_invariant(model, progress, group)
+            return make_int8_batch_invariant(model, progress)
+
+        if int8_cache is None:
+            model = quantized()
+        else:
+            from specdec.backends.quant import store as runtime_cache
+
+            root = int8_cache if dtype == "int8" else int8_cache.with_name(dtype)
+            name = _cache_name(directory) + ("" if group == 32 else f"-g{group}")
+            model = runtime_cache.load_or_build(
+                directory, root / name, progress, dtype, check_source, build=quantized
+            )
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
     except (OSError, ValueError):

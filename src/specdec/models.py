@@ -168,15 +168,17 @@ class ModelStatus:
     cache_bytes: int
 
 
-def form_directory(entry: CatalogEntry, root: Path, kind: str) -> Path:
-    """Where a catalog model's int8 or int4 runtime form made from its GGUF is kept."""
-    return root / kind / f"{entry.name}-gguf"
+def form_directory(entry: CatalogEntry, root: Path, kind: str, group: int = 32) -> Path:
+    """Where a catalog model's int8 or int4 runtime form made from its GGUF is kept; an int4
+    form with another ``group`` of inputs a weight scale than 32 (a draft's) beside it."""
+    return root / kind / (f"{entry.name}-gguf" + ("" if group == 32 else f"-g{group}"))
 
 
 def status(entry: CatalogEntry, root: Path) -> ModelStatus:
     """Installed? Built (a runtime form, or the float32 conversion)? Bytes of its cache
     entries: the GGUF and its other types, the small files, the forms, the float32 copy."""
     forms = [form_directory(entry, root, kind) for kind in ("int4", "int8")]
+    forms += [f for f in root.glob(f"int4/{entry.name}-gguf-g*") if f.is_dir()]  # as a draft
     built = _marker_ok(root / "hf" / entry.name, entry) or any(
         (form / "specdec-int8.json").is_file()
         for form in forms  # backends.quant.store.MARKER

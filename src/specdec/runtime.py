@@ -44,11 +44,16 @@ class Runtime:
     def name(self) -> str:
         return self.precision if self.library == "transformers" else f"llamacpp:{self.precision}"
 
-    def load(self, spec: str, cache_dir: str | None = None, progress=None):
-        """``spec`` (a catalog name, a model directory or a .gguf file) as a backend."""
+    def load(self, spec: str, cache_dir: str | None = None, progress=None, draft: bool = False):
+        """``spec`` (a catalog name, a model directory or a .gguf file) as a backend;
+        ``draft``: as a draft model (on int4, 128 inputs a weight scale: ``DRAFT_GROUP``)."""
         from specdec.loading import load_backend
 
         if self.library == "transformers":
+            if draft and self.precision == "int4":
+                from specdec.backends.quant.int4 import DRAFT_GROUP
+
+                return load_backend(spec, "int4", cache_dir, progress, int4_group=DRAFT_GROUP)
             return load_backend(spec, self.precision, cache_dir, progress)
         return load_backend(
             spec,
@@ -306,6 +311,6 @@ def load_draft(
             choice, draft, cache_dir, progress, dtype, target_runtime, batched
         )
     runtime = parse_runtime(chosen, dtype or "int8", gguf_type)
-    backend = runtime.load(draft, cache_dir, progress)
+    backend = runtime.load(draft, cache_dir, progress, draft=True)
     score_draft_vocabulary(backend, draft, vocabulary, runtime.name)
     return backend, runtime

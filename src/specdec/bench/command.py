@@ -222,12 +222,13 @@ def _pool(args: argparse.Namespace) -> tuple[ModelPool, str, str]:
         quick = "tiny random Llama (quick mode)"
         return ModelPool(char_tokenizer(), load_tiny), quick, "full"
     from specdec.loading import load_backend, load_tokenizer
-    from specdec.runtime import score_draft_vocabulary
+    from specdec.runtime import parse_runtime, score_draft_vocabulary
 
     specs = {"target": args.target, "draft": args.draft}
 
-    def load_hf(role: str, dtype: str, progress):
-        backend = load_backend(specs[role], dtype, args.cache_dir, progress)
+    def load_hf(role: str, dtype: str, progress):  # a draft as generate loads it
+        runtime = parse_runtime(dtype)
+        backend = runtime.load(specs[role], args.cache_dir, progress, draft=role == "draft")
         if role == "draft":
             score_draft_vocabulary(backend, specs[role], args.draft_vocab, dtype)
         return backend.model

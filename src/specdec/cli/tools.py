@@ -16,6 +16,7 @@ from specdec.runtime import HELP as RUNTIME_HELP
 from specdec.runtime import (
     TRANSFORMERS_DTYPES,
     draft_vocabulary,
+    load_draft,
     parse_runtime,
     runtime_value,
     score_draft_vocabulary,
@@ -265,6 +266,7 @@ def memory_floor(
     against it; those of ``drafts`` (the default draft) also as generate drafts with them,
     scoring the shipped vocabulary (``--draft-vocab auto``)."""
     from specdec import floor
+    from specdec.backends.hf import HFModel
     from specdec.backends.runtime_choice import step_times_ms
     from specdec.loading import load_backend
     from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelError
@@ -294,11 +296,15 @@ def memory_floor(
                 out.write(f"  {name} on {runtime}: not measured: {error}\n")
                 continue
             measure(f"{name} on {runtime}", backend)
+            del backend
             if name in drafts and draft_vocabulary(name, "auto", runtime):
-                score_draft_vocabulary(backend, name, "auto", runtime)
+                with progress_bar() as progress:  # its own form on int4 (a scale per 128)
+                    draft, _ = load_draft(name, runtime, cache_dir, progress)
+                assert isinstance(draft, HFModel), "int4 and int8 drafts are transformers models"
+                backend = draft
                 tokens = len(backend.model.get_output_embeddings().token_ids)
                 measure(f"{name} on {runtime} as a draft ({tokens:,} tokens scored)", backend)
-            del backend
+                del backend
 
 
 def cost(args: argparse.Namespace) -> int:
@@ -361,7 +367,7 @@ def tune(args: argparse.Namespace) -> int:
             for choice, gguf in ((args.target_runtime, "q4_k_m"), (args.draft_runtime, "q4_0"))
         ]
         target = runtimes[0].load(args.target, args.cache_dir, progress)
-        draft = runtimes[1].load(args.draft, args.cache_dir, progress)
+        draft = runtimes[1].load(args.draft, args.cache_dir, progress, draft=True)
         score_draft_vocabulary(draft, args.draft, args.draft_vocab, runtimes[1].name)
         prompts = [
             encode_prompt(target.tokenizer, text, template)

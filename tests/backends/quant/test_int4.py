@@ -1,5 +1,6 @@
 """The int4 runtime: its kernel's paths agree bit for bit, a block equals its steps bit for bit
-at real layer sizes and any thread count, and speculation on it equals plain decoding."""
+at real layer sizes and any thread count, and speculation on it equals plain decoding; the
+same for a draft's weights, a scale per 128 inputs (``int4.DRAFT_GROUP``)."""
 
 import dataclasses
 from pathlib import Path
@@ -18,6 +19,7 @@ from specdec.drafters import ModelDrafter
 from specdec.loading import load_hf
 
 THREADS = [1, 2, 3, 4, 8]
+GROUPS = [int4.GROUP, int4.DRAFT_GROUP]
 
 
 def random_linear(out_features: int, in_features: int, seed: int, bias: bool = True):
@@ -61,12 +63,14 @@ def test_a_constant_group_is_exact():
     assert torch.equal(int4.dequantize(codes, scales, minimums), weight)
 
 
+@pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("bias", [True, False])
-def test_the_kernel_computes_the_quantized_product(bias):
-    layer = random_linear(48, 96, seed=2, bias=bias)
-    codes, scales, minimums = int4.quantize_groups(layer.weight.detach())
-    int4_layer = RowInt4Linear(layer)
-    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(3))
+def test_the_kernel_computes_the_quantized_product(bias, group):
+    layer = random_linear(48, 256, seed=2, bias=bias)
+    codes, scales, minimums = int4.quantize_groups(layer.weight.detach(), group)
+    int4_layer = RowInt4Linear(layer, group)
+    assert int4_layer.group == group and int4_layer.in_features == 256
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(3))
     x[1, :32] = 0.0  # a group of zeros
     expected = reference(int4_layer, codes, scales, minimums, x)
     assert torch.allclose(int4_layer(x).double(), expected, atol=1e-4, rtol=1e-5)
@@ -108,12 +112,15 @@ def vector_paths() -> list[int]:
     return available_paths()[1:] or [0]
 
 
+@pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("rows", [9, 45])
-@pytest.mark.parametrize("shape", [(2048, 1536), (1536, 8960), (48, 64)])
-def test_every_code_path_gives_the_same_bits(shape, rows):
+@pytest.mark.parametrize("shape", [(2048, 1536), (1536, 8960), (1152, 896), (48, 64)])
+def test_every_code_path_gives_the_same_bits(shape, rows, group):
     """Scalar, AVX2, AVX-512 VNNI and AMX-INT8 (those this CPU has) agree bit for bit, at the
-    1.5B's layer sizes, for 9 rows and for 45 (AMX: pieces of 16, 16 and 13 rows)."""
-    layer = RowInt4Linear(random_linear(*shape, seed=4))
+    1.5B's and the 0.5B's layer sizes, for 9 rows and for 45 (AMX: pieces of 16, 16 and 13
+    rows), a scale per 32 inputs or per 128 (64 inputs: 32 all the same)."""
+    layer = RowInt4Linear(random_linear(*shape, seed=4), group)
+    assert layer.group == (group if shape[1] % group == 0 else int4.GROUP)
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(5)) * 2.0
     results = []
     for path in available_paths():
@@ -122,12 +129,13 @@ def test_every_code_path_gives_the_same_bits(shape, rows):
     assert all(torch.equal(result, results[0]) for result in results[1:])
 
 
+@pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("rows", [2, 3, 4, 5, 7, 8, 9, 12, 17, 32, 40, 45])
-def test_a_row_does_not_depend_on_its_neighbours(threads, rows):
+def test_a_row_does_not_depend_on_its_neighbours(threads, rows, group):
     """On every vector path this CPU has (each takes rows in passes of its own size: 8 on
     AVX-512, 4 on AVX2; on AMX passes of 32+ in pieces of 16, a last piece of under 13 on
     AVX-512) and at several thread counts."""
-    layer = RowInt4Linear(random_linear(8960, 1536, seed=6))
+    layer = RowInt4Linear(random_linear(8960, 1536, seed=6), group)
     x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows))
     for path in vector_paths():
         layer.path = path
@@ -255,17 +263,18 @@ def test_int4_seeded_sampling_equals_int4_plain_for_every_k(int4_pair):
     assert other.token_ids != expected.token_ids  # the seed matters: the check can fail
 
 
-@pytest.fixture(scope="module")
-def real_size_int4_model():
+@pytest.fixture(scope="module", params=GROUPS, ids=lambda group: f"group{group}")
+def real_size_int4_model(request):
     from specdec.doctor import real_size_model
 
-    return make_int4_batch_invariant(real_size_model())
+    return make_int4_batch_invariant(real_size_model(), group=request.param)
 
 
 @pytest.mark.parametrize("count", THREADS)
 def test_blocks_equal_steps_at_real_layer_sizes(real_size_int4_model, threads, count):
     """Hidden 1536, intermediate 8960 (the 1.5B's layers), blocks of 2..45 tokens, on every
-    vector path of the kernel this CPU has (AMX's tiles in the block of 45)."""
+    vector path of the kernel this CPU has (AMX's tiles in the block of 45), a weight scale
+    per 32 inputs and per 128 (a draft's)."""
     from specdec.doctor import check_block_equals_steps
 
     layers = [m for m in real_size_int4_model.modules() if isinstance(m, RowInt4Linear)]
@@ -428,3 +437,91 @@ def test_the_quantizer_gives_the_plain_formulas_codes_scales_and_minimums():
     got = int4.quantize_groups(weight)
     assert torch.equal(got[0], codes.to(torch.uint8).reshape(64, 96))
     assert torch.equal(got[1], scale) and torch.equal(got[2], minimum)
+
+
+# ---- a draft's weights: a scale and minimum per 128 inputs, fitted --------------------------
+
+
+def test_a_draft_groups_scale_is_fitted_to_no_worse_than_its_range():
+    """At 128 inputs a scale, the least-squares fits are kept only where they lower a group's
+    squared error: never worse than min and max alone, better in sum; codes stay 0..15 and a
+    constant group stays exact."""
+    weight = random_linear(64, 512, seed=11).weight.detach()
+    weight[7] = 0.25  # a float16 value: exact
+    codes, scales, minimums = int4.quantize_groups(weight, int4.DRAFT_GROUP)
+    assert scales.shape == (64, 4) and int(codes.max()) <= 15
+    grouped = weight.reshape(64, 4, 128)
+    low, high = grouped.amin(-1).half(), grouped.amax(-1)
+    spans = ((high - low.float()) / 15).half()
+    safe = spans.float().clamp(min=torch.finfo(torch.float16).tiny).unsqueeze(-1)
+    codes_by_range = ((grouped - low.float().unsqueeze(-1)) / safe).round()  # 0 where constant
+    by_range = codes_by_range.clamp(0, 15) * spans.float().unsqueeze(-1) + low.float().unsqueeze(-1)
+    fitted = int4.dequantize(codes, scales, minimums).reshape(64, 4, 128)
+    range_error = (by_range - grouped).square().sum(-1)
+    fitted_error = (fitted - grouped).square().sum(-1)
+    assert bool((fitted_error <= range_error).all())
+    assert float(fitted_error.sum()) < 0.95 * float(range_error.sum())
+    assert torch.equal(fitted[7], grouped[7])
+
+
+def test_a_draft_group_packs_and_unpacks():
+    weight = random_linear(32, 384, seed=12).weight.detach()
+    quantized = int4.quantize_groups(weight, int4.DRAFT_GROUP)
+    packed = int4.pack(*quantized)
+    assert packed.shape == (2, 3, 4 * 256 + 64) and int4.scale_group(packed) == 128
+    assert all(torch.equal(a, b) for a, b in zip(int4.unpack(packed), quantized, strict=True))
+    with pytest.raises(ValueError, match="32 or 128"):
+        int4.quantize_groups(weight, 64)
+
+
+def wide_model_dir(tmp_path: Path) -> Path:
+    """A tiny Llama 128 wide (its linears take 128 or 256 inputs: a draft's groups fit)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.bench.tiny import VOCAB
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    directory = tmp_path / "wide"
+    LlamaForCausalLM(config).save_pretrained(directory)
+    char_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def test_a_draft_form_is_kept_beside_the_models_own(tmp_path):
+    """int4_group=128 quantizes every linear with a scale per 128 inputs into a runtime form
+    of its own (the 32 one is not touched); loaded again it is the same model bit for bit,
+    and speculation with it as the draft equals plain decoding."""
+    directory = wide_model_dir(tmp_path)
+    cache = tmp_path / "cache" / "int8"
+    target = load_hf(directory, "int4", int8_cache=cache)
+    built = load_hf(directory, "int4", int8_cache=cache, int4_group=int4.DRAFT_GROUP)
+    loaded = load_hf(directory, "int4", int8_cache=cache, int4_group=int4.DRAFT_GROUP)
+    names = sorted(p.name for p in (tmp_path / "cache" / "int4").iterdir() if p.is_dir())
+    assert len(names) == 2 and names[1] == names[0] + "-g128"
+
+    def groups(model) -> set[int]:
+        return {m.group for m in model.model.modules() if isinstance(m, RowInt4Linear)}
+
+    def logits(model) -> torch.Tensor:
+        model.truncate(0)
+        return model.forward(IDS)
+
+    assert groups(target) == {32} and groups(built) == groups(loaded) == {128}
+    assert torch.equal(logits(built), logits(loaded))
+    assert not torch.equal(logits(built), logits(target))
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    plain = Engine(target).generate(IDS, params, SpecConfig(k=0))
+    for k in (1, 3, 5):
+        spec = Engine(target, ModelDrafter(loaded)).generate(IDS, params, SpecConfig(k=k))
+        assert spec.token_ids == plain.token_ids

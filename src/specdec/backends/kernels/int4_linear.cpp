@@ -21,12 +21,16 @@
 // scalar): the integer sums are exact and every float operation is the same in the same
 // order. The file is compiled with -ffp-contract=off so that the compiler adds no fusion.
 //
-// Layout of a packed weight, uint8 [tiles = N / 16, groups = K / 32, 320]: block (t, g) holds
-// 256 bytes of codes for columns 16t..16t+15 and inputs 32g..32g+31, then the 16 columns'
-// float16 scales d (32 bytes), then their float16 minimums m (32 bytes). The codes form
-// 8 "quads" j (inputs 32g+4j..32g+4j+3) of 64 codes each, code of (column c, input 4j+i) at
-// byte 4c+i of the quad; bytes p (0..63) of chunk q (0..3) hold quad q in the low nibble
-// and quad q+4 in the high nibble. A weight is w = d * code + m, code in 0..15.
+// Layout of a packed weight, uint8 [tiles = N / 16, K / (32 S), 256 S + 64], S = 1 or 4 groups
+// of 32 inputs sharing a scale: block (t, b) holds, for columns 16t..16t+15, the codes of its
+// S groups g = S b .. S b + S - 1 (256 bytes each, inputs 32g..32g+31), then the 16 columns'
+// float16 scales d (32 bytes), then their float16 minimums m (32 bytes), which every group of
+// the block uses. The codes of a group form 8 "quads" j (inputs 32g+4j..32g+4j+3) of 64 codes
+// each, code of (column c, input 4j+i) at byte 4c+i of the quad; bytes p (0..63) of chunk q
+// (0..3) hold quad q in the low nibble and quad q+4 in the high nibble. A weight is
+// w = d * code + m, code in 0..15. S = 1 (5 bits a weight) is the format of every model;
+// S = 4 (4.25 bits) a draft model's, 15% fewer bytes a step (specdec.backends.quant.int4).
+// The arithmetic above is the same for both: each group's sum meets its block's d and m.
 
 // ATen's tensor and the two factories only: torch/extension.h (pybind, the whole C++ API)
 // took 31 s to parse per file on a 2-core EPYC, and only layer_stack.cpp, which binds the
@@ -52,22 +56,37 @@ namespace {
 
 constexpr int kGroup = 32;
 constexpr int kTile = 16;
-constexpr int kBlock = 320;  // 256 code bytes + 16 float16 scales + 16 float16 minimums
+constexpr int kCodeBytes = 256;  // a group's codes for a tile
+
+// Where group g's codes and its block's scales lie in a tile's blocks, S groups a block.
+template <int S>
+struct Layout {
+  static constexpr int kBlock = S * kCodeBytes + 64;  // codes, 16 float16 d, 16 float16 m
+  static const uint8_t* codes(const uint8_t* blocks, int64_t g) {
+    return blocks + (g / S) * kBlock + (g % S) * kCodeBytes;
+  }
+  static const uint8_t* scales(const uint8_t* blocks, int64_t g) {  // d, then m at +32
+    return blocks + (g / S) * kBlock + S * kCodeBytes;
+  }
+};
 constexpr int kRowsAvx512 = 8;  // rows a pass on AVX-512 (AVX2's: kRowsAvx2)
 
-// The blocks of kPrefetchGroups groups ahead (10 KB) asked for now, into L1. A thread's tiles
-// lie one after another, so this runs on into its next tile; past the weight's end it asks
-// for nothing that can fault (a prefetch is a hint). Without it the hardware's prefetchers
-// alone kept a pass of 5-16 rows waiting on memory: on the family 26 EPYC (2 threads, a
-// 1536 x 8960 weight from DRAM) passes of 8 rows took 0.36 ms and of 16 rows 0.71, with it
-// 0.19-0.21 and 0.37-0.42 (distances 16-48 level; 4 and 8 about half the gain, 64 less):
-// bench/results/2026-12-04-weight-prefetch-epyc-avx512. Only the time changes, not a bit.
+// The bytes kPrefetchGroups groups ahead (10 KB of S = 1 blocks) asked for now, into L1, five
+// lines a group (a group's share of an S = 4 block is 272 bytes: a line is asked for twice at
+// times). A thread's tiles lie one after another, so this runs on into its next tile; past
+// the weight's end it asks for nothing that can fault (a prefetch is a hint). Without it the
+// hardware's prefetchers alone kept a pass of 5-16 rows waiting on memory: on the family 26
+// EPYC (2 threads, a 1536 x 8960 weight from DRAM) passes of 8 rows took 0.36 ms and of 16
+// rows 0.71, with it 0.19-0.21 and 0.37-0.42 (distances 16-48 level; 4 and 8 about half the
+// gain, 64 less): bench/results/2026-12-04-weight-prefetch-epyc-avx512. Only the time
+// changes, not a bit.
 constexpr int kPrefetchGroups = 32;
+constexpr int kPrefetchBytes = kPrefetchGroups * (kCodeBytes + 64);
 
-inline void prefetch_ahead(const uint8_t* block) {
-  for (int line = 0; line < kBlock; line += 64) {
+inline void prefetch_ahead(const uint8_t* codes) {
+  for (int line = 0; line < kCodeBytes + 64; line += 64) {
     // Arithmetic on the address as an integer: a pointer past the weight would be undefined.
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(block) + kPrefetchGroups * kBlock + line;
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(codes) + kPrefetchBytes + line;
     __builtin_prefetch(reinterpret_cast<const void*>(ahead), 0, 3);
   }
 }
@@ -159,14 +178,15 @@ SPECDEC_CLONES void quantize_row(
 
 // ---------------------------------------------------------------- scalar (the reference)
 
+template <int S>
 void tile_scalar(const uint8_t* blocks, const Activations& a, int64_t row0, int64_t rows,
                  const float* bias, float* out, int64_t n_total, int64_t col0) {
   for (int64_t r = row0; r < row0 + rows; ++r) {
     float acc[kTile] = {};
     for (int64_t g = 0; g < a.groups; ++g) {
-      const uint8_t* block = blocks + g * kBlock;
-      const uint16_t* d = reinterpret_cast<const uint16_t*>(block + 256);
-      const uint16_t* m = reinterpret_cast<const uint16_t*>(block + 288);
+      const uint8_t* block = Layout<S>::codes(blocks, g);
+      const uint16_t* d = reinterpret_cast<const uint16_t*>(Layout<S>::scales(blocks, g));
+      const uint16_t* m = d + kTile;
       const int8_t* x = a.codes + r * a.k + g * kGroup;
       const float da = a.da[r * a.groups + g];
       const float das = a.das[r * a.groups + g];
@@ -201,7 +221,7 @@ void tile_scalar(const uint8_t* blocks, const Activations& a, int64_t row0, int6
 // widened), on an AVX-512 EPYC running this path: a whole pass of the 1.5B 0.66-0.77x the
 // time for 1 row, 0.55-0.59x for 4, 0.63-0.70x for 32 (`python bench/int4_rows.py --path
 // avx2`, docs/notes/runtime-search.md section 7).
-template <int R>
+template <int R, int S>
 __attribute__((target("avx2,fma,f16c"))) inline void rows_avx2(const uint8_t* blocks,
                                                             const Activations& a, int64_t r0,
                                                             const float* bias, float* out,
@@ -213,7 +233,8 @@ __attribute__((target("avx2,fma,f16c"))) inline void rows_avx2(const uint8_t* bl
   const int8_t* x[R];
   for (int r = 0; r < R; ++r) x[r] = a.codes + (r0 + r) * a.k;
   for (int64_t g = 0; g < a.groups; ++g) {
-    const uint8_t* block = blocks + g * kBlock;
+    const uint8_t* block = Layout<S>::codes(blocks, g);
+    const uint8_t* scales = Layout<S>::scales(blocks, g);
     prefetch_ahead(block);
     __m256i isum[R][2];
     for (int r = 0; r < R; ++r) isum[r][0] = isum[r][1] = _mm256_setzero_si256();
@@ -243,9 +264,9 @@ __attribute__((target("avx2,fma,f16c"))) inline void rows_avx2(const uint8_t* bl
     }
     for (int h = 0; h < 2; ++h) {
       const __m256 d = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 256 + h * 16)));
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + h * 16)));
       const __m256 m = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 288 + h * 16)));
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32 + h * 16)));
       for (int r = 0; r < R; ++r) {
         const int64_t row = r0 + r;
         const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(isum[r][h], ones)), d);
@@ -264,12 +285,12 @@ __attribute__((target("avx2,fma,f16c"))) inline void rows_avx2(const uint8_t* bl
   }
 }
 
-template <int R>
+template <int R, int S>
 __attribute__((target("avx2,fma,f16c"))) void rows_avx2_call(const uint8_t* blocks,
                                                           const Activations& a, int64_t r0,
                                                           const float* bias, float* out,
                                                           int64_t n_total, int64_t col0) {
-  rows_avx2<R>(blocks, a, r0, bias, out, n_total, col0);
+  rows_avx2<R, S>(blocks, a, r0, bias, out, n_total, col0);
 }
 
 // Rows in passes of at most kRowsAvx2 (the block's weights come again from cache for the
@@ -277,6 +298,7 @@ __attribute__((target("avx2,fma,f16c"))) void rows_avx2_call(const uint8_t* bloc
 // registers; passes of 2 or 3 (and of 5, before the asm line above) measured no faster.
 constexpr int kRowsAvx2 = 4;
 
+template <int S>
 __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* blocks,
                                                        const Activations& a, int64_t row0,
                                                        int64_t rows, const float* bias,
@@ -285,7 +307,8 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* blocks,
   using RowsFn = void (*)(const uint8_t*, const Activations&, int64_t, const float*, float*,
                           int64_t, int64_t);
   static constexpr RowsFn by_count[kRowsAvx2 + 1] = {
-      nullptr, rows_avx2_call<1>, rows_avx2_call<2>, rows_avx2_call<3>, rows_avx2_call<4>,
+      nullptr, rows_avx2_call<1, S>, rows_avx2_call<2, S>, rows_avx2_call<3, S>,
+      rows_avx2_call<4, S>,
   };
   for (int64_t r0 = row0; r0 < row0 + rows; r0 += kRowsAvx2) {
     const int64_t n = std::min<int64_t>(kRowsAvx2, row0 + rows - r0);
@@ -309,12 +332,11 @@ __attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_broadcast(
 // AVX-512 (VNNI, AMX) runs this one, so their roundings are the same by construction.
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) inline void group_epilogue(
-    const uint8_t* block, const __m512i* isum, const Activations& a, int64_t r0, int64_t g,
+    const uint8_t* scales, const __m512i* isum, const Activations& a, int64_t r0, int64_t g,
     __m512* acc) {
-  const __m512 d =
-      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 256)));
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
   const __m512 m =
-      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 288)));
+      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)));
   for (int r = 0; r < R; ++r) {
     const int64_t row = r0 + r;
     const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), d);
@@ -325,7 +347,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) inline void group_
 
 // R rows at once, unrolled, so that their independent chains overlap; every row meets the
 // same instructions in the same order whatever R is.
-template <int R>
+template <int R, int S>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) inline void rows_avx512(
     const uint8_t* blocks, const Activations& a, int64_t r0, const float* bias, float* out,
     int64_t n_total, int64_t col0) {
@@ -335,7 +357,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) inline 
   const int8_t* x[R];
   for (int r = 0; r < R; ++r) x[r] = a.codes + (r0 + r) * a.k;
   for (int64_t g = 0; g < a.groups; ++g) {
-    const uint8_t* block = blocks + g * kBlock;
+    const uint8_t* block = Layout<S>::codes(blocks, g);
     prefetch_ahead(block);
     __m512i codes[8];
     for (int q = 0; q < 4; ++q) {
@@ -350,7 +372,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) inline 
         isum[r] = dpbusd_broadcast(isum[r], codes[j], x[r] + g * kGroup + 4 * j);
       }
     }
-    group_epilogue<R>(block, isum, a, r0, g, acc);
+    group_epilogue<R>(Layout<S>::scales(blocks, g), isum, a, r0, g, acc);
   }
   for (int r = 0; r < R; ++r) {
     __m512 result = acc[r];
@@ -359,13 +381,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) inline 
   }
 }
 
-template <int R>
+template <int R, int S>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) void rows_avx512_call(
     const uint8_t* blocks, const Activations& a, int64_t r0, const float* bias, float* out,
     int64_t n_total, int64_t col0) {
-  rows_avx512<R>(blocks, a, r0, bias, out, n_total, col0);
+  rows_avx512<R, S>(blocks, a, r0, bias, out, n_total, col0);
 }
 
+template <int S>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) void tile_avx512(
     const uint8_t* blocks, const Activations& a, int64_t row0, int64_t rows, const float* bias,
     float* out, int64_t n_total, int64_t col0) {
@@ -373,14 +396,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) void ti
                           int64_t, int64_t);
   static constexpr RowsFn by_count[kRowsAvx512 + 1] = {
       nullptr,
-      rows_avx512_call<1>,
-      rows_avx512_call<2>,
-      rows_avx512_call<3>,
-      rows_avx512_call<4>,
-      rows_avx512_call<5>,
-      rows_avx512_call<6>,
-      rows_avx512_call<7>,
-      rows_avx512_call<8>,
+      rows_avx512_call<1, S>,
+      rows_avx512_call<2, S>,
+      rows_avx512_call<3, S>,
+      rows_avx512_call<4, S>,
+      rows_avx512_call<5, S>,
+      rows_avx512_call<6, S>,
+      rows_avx512_call<7, S>,
+      rows_avx512_call<8, S>,
   };
   for (int64_t r0 = row0; r0 < row0 + rows; r0 += kRowsAvx512) {
     const int64_t n = std::min<int64_t>(kRowsAvx512, row0 + rows - r0);
@@ -446,7 +469,7 @@ __attribute__((target("avx512f,avx512bw"))) inline void group_codes(const uint8_
 // group order, so that the tile unit's latency overlaps the unpacking and the float work.
 constexpr int kAmxBatch = 8;
 
-template <int R>
+template <int R, int S>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c,amx-tile,amx-int8"))) void rows_amx(
     const uint8_t* blocks, const Activations& a, int64_t r0, const float* bias, float* out,
     int64_t n_total, int64_t col0) {
@@ -467,7 +490,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c,amx-tile,amx-int8"))) 
   // unit works while the vector units do the float work.
   auto products = [&](int64_t g0, int32_t (*sums)[R * 16]) __attribute__((always_inline)) {
     const int n = static_cast<int>(std::min<int64_t>(kAmxBatch, a.groups - g0));
-    for (int j = 0; j < n; ++j) group_codes(blocks + (g0 + j) * kBlock, quads[j]);
+    for (int j = 0; j < n; ++j) group_codes(Layout<S>::codes(blocks, g0 + j), quads[j]);
     int j = 0;
     for (; j + 3 < n; j += 4) {
       const int8_t* xj = x + (g0 + j) * kGroup;
@@ -487,7 +510,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c,amx-tile,amx-int8"))) 
     for (int j = 0; j < n; ++j) {
       __m512i sums[R];
       for (int r = 0; r < R; ++r) sums[r] = _mm512_load_si512(isum[b % 2][j] + 16 * r);
-      group_epilogue<R>(blocks + (g0 + j) * kBlock, sums, a, r0, g0 + j, acc);
+      group_epilogue<R>(Layout<S>::scales(blocks, g0 + j), sums, a, r0, g0 + j, acc);
     }
   }
   _tile_release();  // leaves no configuration behind for other code on this thread
@@ -499,18 +522,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c,amx-tile,amx-int8"))) 
 }
 #undef SPECDEC_GROUP_PRODUCT
 
+template <int S>
 void tile_amx(const uint8_t* blocks, const Activations& a, int64_t row0, int64_t rows,
               const float* bias, float* out, int64_t n_total, int64_t col0) {
   using RowsFn = void (*)(const uint8_t*, const Activations&, int64_t, const float*, float*,
                           int64_t, int64_t);
   static constexpr RowsFn by_count[kRowsAmx - kAmxFewest + 1] = {
-      rows_amx<13>, rows_amx<14>, rows_amx<15>, rows_amx<16>};
+      rows_amx<13, S>, rows_amx<14, S>, rows_amx<15, S>, rows_amx<16, S>};
   static_assert(kAmxFewest == 13, "by_count starts at kAmxFewest");
-  if (rows < kAmxPass) return tile_avx512(blocks, a, row0, rows, bias, out, n_total, col0);
+  if (rows < kAmxPass) return tile_avx512<S>(blocks, a, row0, rows, bias, out, n_total, col0);
   for (int64_t r0 = row0; r0 < row0 + rows; r0 += kRowsAmx) {
     const int64_t n = std::min<int64_t>(kRowsAmx, row0 + rows - r0);
     if (n < kAmxFewest) {
-      tile_avx512(blocks, a, r0, n, bias, out, n_total, col0);
+      tile_avx512<S>(blocks, a, r0, n, bias, out, n_total, col0);
     } else {
       by_count[n - kAmxFewest](blocks, a, r0, bias, out, n_total, col0);
     }
@@ -545,32 +569,42 @@ int best_path() {
   return 0;
 }
 
-TileFn tile_fn(int64_t path) {
+template <int S>
+TileFn tile_fn_of(int64_t path) {
+  switch (path) {
+    case 3:
+      return tile_amx<S>;
+    case 2:
+      return tile_avx512<S>;
+    case 1:
+      return tile_avx2<S>;
+    default:
+      return tile_scalar<S>;
+  }
+}
+
+// scale_groups: S, the groups of a block (1 or 4).
+TileFn tile_fn(int64_t path, int64_t scale_groups) {
   const int best = best_path();
   TORCH_CHECK(path >= -1 && path <= best, "int4 path ", path, " is not available on this CPU");
-  switch (path < 0 ? best : path) {
-    case 3:
-      return tile_amx;
-    case 2:
-      return tile_avx512;
-    case 1:
-      return tile_avx2;
-    default:
-      return tile_scalar;
-  }
+  const int64_t chosen = path < 0 ? best : path;
+  return scale_groups == 4 ? tile_fn_of<4>(chosen) : tile_fn_of<1>(chosen);
 }
 
 }  // namespace
 
-// x  # [rows, K] float32; packed  # [N / 16, K / 32, 320] uint8; bias  # [N] float32 or None
+// x  # [rows, K] float32; packed  # [N / 16, K / (32 S), 256 S + 64] uint8 (S = 1 or 4 groups
+// a block, read from its last size); bias  # [N] float32 or None
 at::Tensor int4_linear(at::Tensor x, at::Tensor packed, c10::optional<at::Tensor> bias,
                           int64_t path) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x: [rows, K] float32");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte &&
-                  packed.size(2) == kBlock && packed.is_contiguous(),
-              "packed: [N / 16, K / 32, 320] uint8, contiguous");
+                  (packed.size(2) == Layout<1>::kBlock || packed.size(2) == Layout<4>::kBlock) &&
+                  packed.is_contiguous(),
+              "packed: [N / 16, K / 32, 320] or [N / 16, K / 128, 1088] uint8, contiguous");
+  const int64_t scale_groups = packed.size(2) == Layout<4>::kBlock ? 4 : 1;
   const int64_t rows = x.size(0), k = x.size(1);
-  const int64_t tiles = packed.size(0), groups = packed.size(1);
+  const int64_t tiles = packed.size(0), groups = packed.size(1) * scale_groups;
   TORCH_CHECK(k == groups * kGroup, "x has ", k, " inputs, the weight ", groups * kGroup);
   const int64_t n_total = tiles * kTile;
   const float* bias_data = nullptr;
@@ -581,7 +615,8 @@ at::Tensor int4_linear(at::Tensor x, at::Tensor packed, c10::optional<at::Tensor
                 "bias: [N] float32");
     bias_data = bias_tensor.data_ptr<float>();
   }
-  const TileFn tile = tile_fn(path);
+  const TileFn tile = tile_fn(path, scale_groups);
+  const int64_t tile_bytes = packed.size(1) * packed.size(2);
   const at::Tensor input = x.contiguous();
   std::vector<int8_t> codes(rows * k);
   std::vector<float> da(rows * groups), das(rows * groups);
@@ -598,7 +633,7 @@ at::Tensor int4_linear(at::Tensor x, at::Tensor packed, c10::optional<at::Tensor
   const uint8_t* weights = packed.data_ptr<uint8_t>();
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      tile(weights + t * groups * kBlock, a, 0, rows, bias_data, out_data, n_total, t * kTile);
+      tile(weights + t * tile_bytes, a, 0, rows, bias_data, out_data, n_total, t * kTile);
     }
   });
   return out;

@@ -57,17 +57,20 @@ def make_int8_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrain
     return swap_linears(model, linear_quantizer("int8"), "quantizing to int8", progress)
 
 
-def make_int4_batch_invariant(model: PreTrainedModel, progress=None) -> PreTrainedModel:
+def make_int4_batch_invariant(
+    model: PreTrainedModel, progress=None, group: int = 32
+) -> PreTrainedModel:
     """Swap every nn.Linear the kernel fits for RowInt4Linear (others for RowInt8Linear),
     fuse q/k/v and gate/up first, and run the rest as the int8 runtime does. The model must
-    be float32 on the CPU; it is changed in place and returned."""
-    return swap_linears(model, linear_quantizer("int4"), "quantizing to int4", progress)
+    be float32 on the CPU; it is changed in place and returned. ``group``: inputs per weight
+    scale (a draft's 128, ``int4.DRAFT_GROUP``)."""
+    return swap_linears(model, linear_quantizer("int4", group), "quantizing to int4", progress)
 
 
-def linear_quantizer(kind: str) -> Callable[[nn.Linear], nn.Module]:
+def linear_quantizer(kind: str, int4_group: int = 32) -> Callable[[nn.Linear], nn.Module]:
     """What a float linear becomes on runtime ``kind``: int8 rows, or int4 blocks where the
-    kernel takes its shape (int8 rows otherwise). int4 builds the kernel first: a machine
-    without a compiler fails before any work."""
+    kernel takes its shape (int8 rows otherwise), ``int4_group`` inputs a weight scale. int4
+    builds the kernel first: a machine without a compiler fails before any work."""
     if kind == "int8":
         return RowInt8Linear
     if kind != "int4":
@@ -75,7 +78,7 @@ def linear_quantizer(kind: str) -> Callable[[nn.Linear], nn.Module]:
     kernels.kernel()
 
     def quantized(linear: nn.Linear) -> nn.Module:
-        return RowInt4Linear(linear) if fits(linear) else RowInt8Linear(linear)
+        return RowInt4Linear(linear, int4_group) if fits(linear) else RowInt8Linear(linear)
 
     return quantized
 

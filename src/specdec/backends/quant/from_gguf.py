@@ -121,17 +121,20 @@ def _pieces(tensors: GGUFTensors, name: str) -> Iterator[torch.Tensor]:
             yield piece
 
 
-def build_form(gguf: Path, model_files: Path, kind: str, progress=None) -> PreTrainedModel:
+def build_form(
+    gguf: Path, model_files: Path, kind: str, progress=None, int4_group: int = 32
+) -> PreTrainedModel:
     """The model of ``gguf`` on runtime ``kind`` (int8 or int4), built layer by layer, its
     token embedding kept in the GGUF's blocks (``embedding.BlockEmbedding``) and its output
     layer quantized ``PIECE_ROWS`` rows at a time. ``model_files``: its config.json and
     generation_config.json, as transformers parses them from the GGUF's metadata
-    (``models.ensure_model_files``)."""
+    (``models.ensure_model_files``). ``int4_group``: inputs per int4 weight scale (a
+    draft's 128)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     from specdec.backends.quant.store import rebuild_meta_buffers
 
-    quantized = convert.linear_quantizer(kind)
+    quantized = convert.linear_quantizer(kind, int4_group)
     config = AutoConfig.from_pretrained(model_files)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -153,7 +156,7 @@ def build_form(gguf: Path, model_files: Path, kind: str, progress=None) -> PreTr
                 convert.quantize_linears(model.get_submodule(prefix), quantized)
             if progress is not None:
                 progress(step, done, total)
-    _set_ends(model, tensors, ends, kind)
+    _set_ends(model, tensors, ends, kind, int4_group)
     if progress is not None:
         progress(step, total, total)
     rebuild_meta_buffers(model, config)
@@ -181,10 +184,12 @@ def _weight_name(model: nn.Module, module: nn.Module) -> str:
     return next(f"{name}.weight" for name, found in model.named_modules() if found is module)
 
 
-def _set_ends(model: PreTrainedModel, tensors: GGUFTensors, ends: dict[str, str], kind: str):
+def _set_ends(
+    model: PreTrainedModel, tensors: GGUFTensors, ends: dict[str, str], kind: str, group: int
+):
     """The input embedding as its GGUF blocks; the output layer quantized piece by piece."""
     from specdec.backends.quant.embedding import BlockEmbedding
-    from specdec.backends.quant.int4 import RowInt4Linear, fits
+    from specdec.backends.quant.int4 import RowInt4Linear, fits, group_for
     from specdec.backends.quant.int8 import RowInt8Linear
 
     head = model.get_output_embeddings()
@@ -193,7 +198,7 @@ def _set_ends(model: PreTrainedModel, tensors: GGUFTensors, ends: dict[str, str]
         bias = tensors.read(f"{ends['output'].rpartition('.')[0]}.bias")
     pieces = _pieces(tensors, ends["output"])
     if kind == "int4" and fits(head):
-        output: nn.Module = RowInt4Linear.from_row_pieces(pieces, bias)
+        output: nn.Module = RowInt4Linear.from_row_pieces(pieces, bias, group_for(head, group))
     else:
         output = RowInt8Linear.from_row_pieces(pieces, bias)
     model.set_output_embeddings(output)
