@@ -142,13 +142,13 @@ def quantized_runs(request):
 def test_the_quantized_draft_scores_the_shipped_vocabulary(quantized_runs):
     """On int8 and int4 the default draft is trimmed (``--draft-vocab auto``): every test of
     these runs checks the draft users get."""
-    from specdec.backends.quant.int4 import DRAFT_GROUP, RowInt4Linear
+    from specdec.backends.quant.int4 import OUTPUT_GROUP, RowInt4Linear
     from specdec.backends.trim import TrimmedHead
 
     head = quantized_runs[3]
     assert isinstance(head, TrimmedHead) and 20_000 < len(head.token_ids) < 40_000
-    if isinstance(head.sub, RowInt4Linear):  # a draft's int4 form: a scale per 128 inputs
-        assert head.sub.group == DRAFT_GROUP
+    if isinstance(head.sub, RowInt4Linear):  # a draft's int4 form keeps 32 in its output layer
+        assert head.sub.group == OUTPUT_GROUP
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))

@@ -499,9 +499,10 @@ def wide_model_dir(tmp_path: Path) -> Path:
 
 
 def test_a_draft_form_is_kept_beside_the_models_own(tmp_path):
-    """int4_group=128 quantizes every linear with a scale per 128 inputs into a runtime form
-    of its own (the 32 one is not touched); loaded again it is the same model bit for bit,
-    and speculation with it as the draft equals plain decoding."""
+    """int4_group=128 quantizes every layer's linears with a scale per 128 inputs (the
+    output layer per 32) into a runtime form of its own (the 32 one is not touched); loaded
+    again it is the same model bit for bit, and speculation with it as the draft equals plain
+    decoding."""
     directory = wide_model_dir(tmp_path)
     cache = tmp_path / "cache" / "int8"
     target = load_hf(directory, "int4", int8_cache=cache)
@@ -511,13 +512,15 @@ def test_a_draft_form_is_kept_beside_the_models_own(tmp_path):
     assert len(names) == 2 and names[1] == names[0] + "-g128"
 
     def groups(model) -> set[int]:
-        return {m.group for m in model.model.modules() if isinstance(m, RowInt4Linear)}
+        layers = model.model.get_decoder().layers
+        return {m.group for m in layers.modules() if isinstance(m, RowInt4Linear)}
 
     def logits(model) -> torch.Tensor:
         model.truncate(0)
         return model.forward(IDS)
 
     assert groups(target) == {32} and groups(built) == groups(loaded) == {128}
+    assert built.model.get_output_embeddings().group == int4.OUTPUT_GROUP
     assert torch.equal(logits(built), logits(loaded))
     assert not torch.equal(logits(built), logits(target))
     params = SamplingParams(temperature=0.0, max_tokens=24)

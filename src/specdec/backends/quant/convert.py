@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 
 from specdec.backends.quant import fused, kernels
 from specdec.backends.quant.fused import FusedAttention, FusedMLP
-from specdec.backends.quant.int4 import RowInt4Linear, fits
+from specdec.backends.quant.int4 import OUTPUT_GROUP, RowInt4Linear, fits
 from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.backends.quant.rows import (
     PLAIN_RMS_NORMS,
@@ -63,14 +63,18 @@ def make_int4_batch_invariant(
     """Swap every nn.Linear the kernel fits for RowInt4Linear (others for RowInt8Linear),
     fuse q/k/v and gate/up first, and run the rest as the int8 runtime does. The model must
     be float32 on the CPU; it is changed in place and returned. ``group``: inputs per weight
-    scale (a draft's 128, ``int4.DRAFT_GROUP``)."""
-    return swap_linears(model, linear_quantizer("int4", group), "quantizing to int4", progress)
+    scale of its layers (a draft's 128, ``int4.DRAFT_GROUP``; the output layer keeps 32)."""
+    quantized = linear_quantizer("int4", group, output=model.get_output_embeddings())
+    return swap_linears(model, quantized, "quantizing to int4", progress)
 
 
-def linear_quantizer(kind: str, int4_group: int = 32) -> Callable[[nn.Linear], nn.Module]:
+def linear_quantizer(
+    kind: str, int4_group: int = 32, output: nn.Module | None = None
+) -> Callable[[nn.Linear], nn.Module]:
     """What a float linear becomes on runtime ``kind``: int8 rows, or int4 blocks where the
-    kernel takes its shape (int8 rows otherwise), ``int4_group`` inputs a weight scale. int4
-    builds the kernel first: a machine without a compiler fails before any work."""
+    kernel takes its shape (int8 rows otherwise), ``int4_group`` inputs a weight scale but
+    for ``output`` (the output layer: 32, ``int4.OUTPUT_GROUP``). int4 builds the kernel
+    first: a machine without a compiler fails before any work."""
     if kind == "int8":
         return RowInt8Linear
     if kind != "int4":
@@ -78,7 +82,9 @@ def linear_quantizer(kind: str, int4_group: int = 32) -> Callable[[nn.Linear], n
     kernels.kernel()
 
     def quantized(linear: nn.Linear) -> nn.Module:
-        return RowInt4Linear(linear, int4_group) if fits(linear) else RowInt8Linear(linear)
+        if not fits(linear):
+            return RowInt8Linear(linear)
+        return RowInt4Linear(linear, OUTPUT_GROUP if linear is output else int4_group)
 
     return quantized
 

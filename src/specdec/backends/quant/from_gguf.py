@@ -128,8 +128,8 @@ def build_form(
     token embedding kept in the GGUF's blocks (``embedding.BlockEmbedding``) and its output
     layer quantized ``PIECE_ROWS`` rows at a time. ``model_files``: its config.json and
     generation_config.json, as transformers parses them from the GGUF's metadata
-    (``models.ensure_model_files``). ``int4_group``: inputs per int4 weight scale (a
-    draft's 128)."""
+    (``models.ensure_model_files``). ``int4_group``: inputs per int4 weight scale of its
+    layers (a draft's 128)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     from specdec.backends.quant.store import rebuild_meta_buffers
@@ -156,7 +156,7 @@ def build_form(
                 convert.quantize_linears(model.get_submodule(prefix), quantized)
             if progress is not None:
                 progress(step, done, total)
-    _set_ends(model, tensors, ends, kind, int4_group)
+    _set_ends(model, tensors, ends, kind)
     if progress is not None:
         progress(step, total, total)
     rebuild_meta_buffers(model, config)
@@ -184,12 +184,11 @@ def _weight_name(model: nn.Module, module: nn.Module) -> str:
     return next(f"{name}.weight" for name, found in model.named_modules() if found is module)
 
 
-def _set_ends(
-    model: PreTrainedModel, tensors: GGUFTensors, ends: dict[str, str], kind: str, group: int
-):
-    """The input embedding as its GGUF blocks; the output layer quantized piece by piece."""
+def _set_ends(model: PreTrainedModel, tensors: GGUFTensors, ends: dict[str, str], kind: str):
+    """The input embedding as its GGUF blocks; the output layer quantized piece by piece
+    (on int4 with a scale per 32 inputs whatever its layers', ``int4.OUTPUT_GROUP``)."""
     from specdec.backends.quant.embedding import BlockEmbedding
-    from specdec.backends.quant.int4 import RowInt4Linear, fits, group_for
+    from specdec.backends.quant.int4 import RowInt4Linear, fits
     from specdec.backends.quant.int8 import RowInt8Linear
 
     head = model.get_output_embeddings()
@@ -198,7 +197,7 @@ def _set_ends(
         bias = tensors.read(f"{ends['output'].rpartition('.')[0]}.bias")
     pieces = _pieces(tensors, ends["output"])
     if kind == "int4" and fits(head):
-        output: nn.Module = RowInt4Linear.from_row_pieces(pieces, bias, group_for(head, group))
+        output: nn.Module = RowInt4Linear.from_row_pieces(pieces, bias)
     else:
         output = RowInt8Linear.from_row_pieces(pieces, bias)
     model.set_output_embeddings(output)

@@ -9,12 +9,13 @@ once and applies it to all rows of the pass while it sits in registers.
 
 Format: groups of 32 inputs with a float16 scale and minimum each (w = d * code + m, code
 0..15; 5 bits a weight with the scales), activations quantized per row in groups of 32 to
-int8. A draft model's weights share a scale and minimum over 128 inputs instead
-(``DRAFT_GROUP``: 4.25 bits a weight, 15% fewer bytes a step), fitted by least squares; the
-kernel takes both. A row's output depends on that row alone, computed in a fixed order by
-one thread (the kernel's header has the argument): block == steps bit for bit at any thread
-count, and the AVX-512, AVX2 and scalar paths agree bit for bit too. The rest of the model runs as
-on the int8 runtime (fused projections, token-by-token norms and activations, row attention).
+int8. A draft model's layers share a scale and minimum over 128 inputs instead
+(``DRAFT_GROUP``: 4.25 bits a weight, 14% fewer bytes a step; its output layer keeps 32),
+fitted by least squares; the kernel takes both. A row's output depends on that row alone,
+computed in a fixed order by one thread (the kernel's header has the argument): block ==
+steps bit for bit at any thread count, and the AVX-512, AVX2 and scalar paths agree bit for
+bit too. The rest of the model runs as on the int8 runtime (fused projections, token-by-token
+norms and activations, row attention).
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from specdec.backends.quant import kernels
 GROUP = 32  # inputs per activation scale, per group of codes, per weight scale of a target
 
 # Inputs per weight scale of a draft model's layers (``group`` below; a target's stay at 32):
-# the 0.5B draft's step reads 15% fewer bytes, its greedy picks agree with the int4 target's
-# text 0.8 points less often, and the pair ran 2% faster end to end (docs/notes/runtime-search.md
-# section 13).
+# the 0.5B draft's step reads 14% fewer bytes (docs/notes/runtime-search.md section 13).
 DRAFT_GROUP = 128
+# A draft's output layer's: at 128 the 0.5B's greedy picks agreed with the target's text 0.8752
+# of the time, at 32 (its layers at 128) 0.8827, as with every scale at 32 (section 13).
+OUTPUT_GROUP = GROUP
 FIT_ROUNDS = 4  # least-squares refits of a shared scale and minimum (``quantize_groups``)
 
 TILE = 16  # output columns per packed block
@@ -189,12 +191,11 @@ class RowInt4Linear(nn.Module):
         self._set(quantize_and_pack(linear.weight.detach(), group_for(linear, group)), bias)
 
     @classmethod
-    def from_row_pieces(cls, pieces, bias: torch.Tensor | None, group: int = GROUP):
+    def from_row_pieces(cls, pieces, bias: torch.Tensor | None) -> RowInt4Linear:
         """From the float weight given as consecutive pieces of output rows (each
         [rows, in], rows a multiple of 16 but the last): ``RowInt4Linear`` of the whole
-        weight, byte for byte (``quantize_and_pack``), without the whole in memory.
-        ``group``: inputs per weight scale (a multiple of it: ``group_for``)."""
-        return cls.from_packed(torch.cat([quantize_and_pack(p, group) for p in pieces]), bias)
+        weight, byte for byte (``quantize_and_pack``), without the whole in memory."""
+        return cls.from_packed(torch.cat([quantize_and_pack(p) for p in pieces]), bias)
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, bias: torch.Tensor | None) -> RowInt4Linear:
