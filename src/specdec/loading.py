@@ -20,6 +20,7 @@ from specdec.models import (
     ensure_gguf,
     ensure_model_files,
     form_directory,
+    group_suffix,
     lookup,
     no_progress,
     remove_gguf,
@@ -177,30 +178,19 @@ def load_hf(
     model: PreTrainedModel
     if dtype not in QUANTIZED:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=DTYPES[dtype])
+    elif int8_cache is None:
+        from specdec.backends.quant.store import quantizer
+
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        quantizer(dtype, int4_group)(model, progress)
     else:
-        from specdec.backends.quant.convert import (
-            make_int4_batch_invariant,
-            make_int8_batch_invariant,
+        from specdec.backends.quant import store as runtime_cache
+
+        root = int8_cache if dtype == "int8" else int8_cache.with_name(dtype)
+        name = _cache_name(directory) + (group_suffix(int4_group) if dtype == "int4" else "")
+        model = runtime_cache.load_or_build(
+            directory, root / name, progress, dtype, check_source, int4_group=int4_group
         )
-
-        group = int4_group if dtype == "int4" else 32
-
-        def quantized() -> PreTrainedModel:
-            model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-            if dtype == "int4":
-                return make_int4_batch_invariant(model, progress, group)
-            return make_int8_batch_invariant(model, progress)
-
-        if int8_cache is None:
-            model = quantized()
-        else:
-            from specdec.backends.quant import store as runtime_cache
-
-            root = int8_cache if dtype == "int8" else int8_cache.with_name(dtype)
-            name = _cache_name(directory) + ("" if group == 32 else f"-g{group}")
-            model = runtime_cache.load_or_build(
-                directory, root / name, progress, dtype, check_source, build=quantized
-            )
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
     except (OSError, ValueError):

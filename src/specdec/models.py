@@ -171,7 +171,13 @@ class ModelStatus:
 def form_directory(entry: CatalogEntry, root: Path, kind: str, group: int = 32) -> Path:
     """Where a catalog model's int8 or int4 runtime form made from its GGUF is kept; an int4
     form with another ``group`` of inputs a weight scale than 32 (a draft's) beside it."""
-    return root / kind / (f"{entry.name}-gguf" + ("" if group == 32 else f"-g{group}"))
+    return root / kind / f"{entry.name}-gguf{group_suffix(group)}"
+
+
+def group_suffix(group: int) -> str:
+    """What a runtime form's name ends with for int4 layers with ``group`` inputs a weight
+    scale: nothing for 32, ``-g128`` for a draft's 128."""
+    return "" if group == 32 else f"-g{group}"
 
 
 def status(entry: CatalogEntry, root: Path) -> ModelStatus:

@@ -34,14 +34,16 @@ def tiny_llama(
     init: float = 0.5,
     eos: int | None = EOS_ID,
     max_positions: int = 256,
+    hidden: int = 32,
+    intermediate: int = 64,
 ):
-    """A random float32 Llama with a 32-wide hidden state."""
+    """A random float32 Llama with a ``hidden``-wide hidden state (32)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,

@@ -476,24 +476,8 @@ def test_a_draft_group_packs_and_unpacks():
 
 def wide_model_dir(tmp_path: Path) -> Path:
     """A tiny Llama 128 wide (its linears take 128 or 256 inputs: a draft's groups fit)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from specdec.bench.tiny import VOCAB
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=None,
-        pad_token_id=None,
-    )
     directory = tmp_path / "wide"
-    LlamaForCausalLM(config).save_pretrained(directory)
+    tiny_llama(seed=0, hidden=128, intermediate=256).save_pretrained(directory)
     char_tokenizer().save_pretrained(directory)
     return directory
 

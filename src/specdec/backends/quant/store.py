@@ -17,6 +17,7 @@ checked before every load, with a line saying it is rebuilt).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import shutil
@@ -48,11 +49,14 @@ WEIGHTS = "int8.safetensors"
 _COPIED = ("config.json", "generation_config.json")
 
 
-def quantizer(kind: str):
-    """The function that puts a float32 model on runtime ``kind`` in place."""
+def quantizer(kind: str, int4_group: int = 32):
+    """The function that puts a float32 model on runtime ``kind`` in place (on int4 with
+    ``int4_group`` inputs a weight scale in its layers: a draft's 128)."""
     if kind not in KINDS:
         raise ValueError(f"runtime form must be one of {', '.join(KINDS)}, got {kind!r}")
-    return make_int8_batch_invariant if kind == "int8" else make_int4_batch_invariant
+    if kind == "int8":
+        return make_int8_batch_invariant
+    return functools.partial(make_int4_batch_invariant, group=int4_group)
 
 
 def source_fingerprint(source: Path, kind: str = "int8") -> str:
@@ -251,6 +255,7 @@ def load_or_build(
     kind: str = "int8",
     check_source: Callable[[], object] | None = None,
     build: Callable[[], PreTrainedModel] | None = None,
+    int4_group: int = 32,
 ) -> PreTrainedModel:
     """The int8 (int4) model of the model in ``source``: from ``directory`` when it holds a
     complete, undamaged runtime form of this source, else made now and written there.
@@ -260,7 +265,7 @@ def load_or_build(
     their digests, and converts them again if they are damaged)."""
     from transformers import AutoModelForCausalLM
 
-    make = quantizer(kind)
+    make = quantizer(kind, int4_group)
     if _intact(source, directory, kind, progress):
         return load(directory, progress)
     directory.parent.mkdir(parents=True, exist_ok=True)
