@@ -212,6 +212,21 @@ def test_models_lists_the_catalog(capsys, tmp_path):
         assert name in out
 
 
+@pytest.mark.parametrize("columns", [80, 200])
+def test_models_shows_every_cell_whole_at_any_width(capsys, tmp_path, monkeypatch, columns):
+    """A table too wide for the terminal would cut its cells short ("Q4_K…"): narrow
+    terminals get a model a block instead, every value whole."""
+    from specdec.models import CATALOG
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["models", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert all(len(line) <= columns for line in out.splitlines() if str(tmp_path) not in line)
+    for entry in CATALOG.values():
+        assert entry.name in out and entry.description in out
+
+
 def test_unknown_target_is_a_one_line_error(capsys):
     assert exit_code(["generate", "hi", "--target", "no-such-model", "--drafter", "none"]) == 2
     err = capsys.readouterr().err

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -106,20 +107,35 @@ def print_models(cache_dir: str | None) -> None:
     for column in ("description", "family", "GGUF", "installed", "cached", "on disk"):
         table.add_column(column)
     hints = []
+    rows = []
     for entry in CATALOG.values():
         state = status(entry, root)
         if not state.installed:
             hints.append(f"{entry.name}: {entry.install_command()}")
-        table.add_row(
-            entry.name,
-            entry.description,
-            entry.tokenizer_family,
-            _size(entry.size),
-            "yes" if state.installed else "no",
-            "yes" if state.converted else "no (built on first use)",
-            _size(state.cache_bytes) if state.cache_bytes else "-",
+        rows.append(
+            (
+                entry.name,
+                entry.description,
+                entry.tokenizer_family,
+                _size(entry.size),
+                "yes" if state.installed else "no",
+                "yes" if state.converted else "no (built on first use)",
+                _size(state.cache_bytes) if state.cache_bytes else "-",
+            )
         )
-    console.print(table)
+        table.add_row(*rows[-1])
+    wide = console.options.update_width(10_000)  # the width the table asks for, unbounded
+    if Measurement.get(console, wide, table).maximum <= console.width:
+        console.print(table)
+    else:  # a narrow terminal: a squeezed table cuts every cell short, so a model a block
+        console.print(f"specdec models\ncache: {root}", soft_wrap=True, markup=False)
+        for name, description, family, size, installed, cached, on_disk in rows:
+            lines = (
+                f"{name}: {description}",
+                f"  family {family}, GGUF {size}, on disk {on_disk}",
+                f"  installed: {installed}, cached: {cached}",
+            )
+            console.print("\n".join(lines), soft_wrap=True, markup=False)
     for hint in hints:
         console.print(f"to install {hint}", soft_wrap=True)
     from specdec.heads.store import list_entries
