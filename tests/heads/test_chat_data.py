@@ -99,6 +99,26 @@ def test_replies_are_the_targets_own_and_saved_for_a_rerun(target_model, tokeniz
     assert [row["prompt"] for row in rows] == [0, 1, 2]  # the cut line made again, whole
 
 
+def test_replies_at_temperature_zero_are_the_targets_greedy_ones(target_model, tokenizer, tmp_path):
+    """``--reply-temperature 0``: each reply is the target's greedy one (what a draft distilled
+    for greedy decoding reads), whatever its seed."""
+    import copy
+
+    from specdec.heads.data import replies
+    from specdec.prompting import chat_ids
+
+    chatty = copy.deepcopy(tokenizer)
+    chatty.chat_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    target = backend(target_model, chatty)
+    got = list(replies(target, ["hi", "the cat"], 12, tmp_path / "r.jsonl", temperature=0.0))
+    for text, document in zip(["hi", "the cat"], got, strict=True):
+        prompt = chat_ids(chatty, [{"role": "user", "content": text}])
+        greedy = Engine(target).generate(prompt, SamplingParams(max_tokens=12, temperature=0.0))
+        assert document.token_ids == prompt + greedy.token_ids
+    sampled = list(replies(target, ["the cat"], 12, tmp_path / "s.jsonl"))
+    assert sampled[0].token_ids != got[1].token_ids  # the default still samples
+
+
 def test_chat_data_joins_the_corpus_data_in_one_directory(tmp_path, model_dir, capsys, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus"

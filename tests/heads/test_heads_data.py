@@ -98,6 +98,8 @@ def test_batched_replies_are_the_ones_written_alone(quantized_target, tmp_path):
     [
         (["--chat", "--corpus", "x"], "give one of --corpus, --chat, --chat-prompts"),
         (["--chat", "--batch", "0"], "--batch must be >= 1"),
+        (["--chat", "--reply-temperature", "-0.5"], "--reply-temperature must be >= 0"),
+        (["--chat", "--reply-temperature", "nan"], "--reply-temperature must be >= 0"),
     ],
 )
 def test_chat_data_arguments_are_checked(tmp_path, model_dir, capsys, monkeypatch, extra, message):

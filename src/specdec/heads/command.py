@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from specdec.arguments import add_cache_dir, add_draft_vocab
-from specdec.heads.data import CORPUS_SUFFIXES
+from specdec.heads.data import CORPUS_SUFFIXES, REPLY_TEMPERATURE
 from specdec.heads.evaluate import POSITIONS_PER_CHUNK
 from specdec.heads.make import REPLY_TOKENS
 from specdec.heads.nets import KINDS
@@ -88,6 +88,14 @@ def add_parser(commands, parser_class) -> None:
         type=int,
         default=256,
         help="--chat/--chat-prompts: tokens of each reply at most (default: 256)",
+    )
+    data.add_argument(
+        "--reply-temperature",
+        type=float,
+        default=REPLY_TEMPERATURE,
+        help="--chat/--chat-prompts: the temperature the target's replies are sampled at "
+        f"(default: {REPLY_TEMPERATURE}; 0: its greedy replies). A data directory keeps the "
+        "replies it has: give another --data for another temperature",
     )
     data.add_argument("--max-tokens", type=int, help="stop after this many tokens")
     data.add_argument("--length", type=int, default=512, help="tokens per chunk (default: 512)")
@@ -368,6 +376,8 @@ def check_data_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--reply-tokens must be >= 1, got {args.reply_tokens}")
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    if not args.reply_temperature >= 0:
+        raise ValueError(f"--reply-temperature must be >= 0, got {args.reply_temperature}")
 
 
 def check_make_args(args: argparse.Namespace) -> None:
@@ -506,7 +516,14 @@ def _data(args, target, fingerprint, data_dir, progress) -> int:
         )
         data_dir.mkdir(parents=True, exist_ok=True)
         saved = data_dir / ("replies.jsonl" if args.chat_prompts else "builtin-replies.jsonl")
-        documents = data.replies(target, prompts, args.reply_tokens, saved, batch=args.batch)
+        documents = data.replies(
+            target,
+            prompts,
+            args.reply_tokens,
+            saved,
+            batch=args.batch,
+            temperature=args.reply_temperature,
+        )
         what = f"{len(prompts)} prompts and the target's replies"
     else:
         files = data.corpus_files(args.corpus or [data.default_corpus()], args.suffix)

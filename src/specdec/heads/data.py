@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 FORMAT = "specdec-heads-data/1"
+REPLY_TEMPERATURE = 0.7  # the target's replies are sampled at this temperature by default
 HELD_OUT = 20  # every 20th chunk is held out for evaluation
 CHUNKS_PER_SHARD = 8
 MANIFEST = "manifest.json"
@@ -146,6 +147,7 @@ def replies(
     saved: Path,
     seed: int = 0,
     batch: int = 32,
+    temperature: float = REPLY_TEMPERATURE,
 ) -> Iterator[Document]:
     """Each prompt (through the chat template) followed by the target's own reply, in the
     order the replies were finished, with the features the target made while writing it.
@@ -187,24 +189,31 @@ def replies(
         if index not in done
     ]
     with saved.open("a") as out:
-        for index, document in _write_replies(target, requests, reply_tokens, seed, batch):
+        written = _write_replies(target, requests, reply_tokens, seed, batch, temperature)
+        for index, document in written:
             out.write(json.dumps({"prompt": index, "token_ids": document.token_ids}) + "\n")
             out.flush()
             yield document
 
 
 def _write_replies(
-    target, requests: Sequence[tuple[int, list[int]]], reply_tokens: int, seed: int, batch: int
+    target,
+    requests: Sequence[tuple[int, list[int]]],
+    reply_tokens: int,
+    seed: int,
+    batch: int,
+    temperature: float = REPLY_TEMPERATURE,
 ) -> Iterator[tuple[int, Document]]:
-    """(prompt index, prompt + reply) as each reply ends: sampled at temperature 0.7 with
-    seed ``seed + index``; ``batch`` at a time on a batch-invariant runtime (with the
-    features of its passes), else one by one (features left to a prefill pass)."""
+    """(prompt index, prompt + reply) as each reply ends: sampled at ``temperature`` with
+    seed ``seed + index`` (0: the target's greedy reply); ``batch`` at a time on a
+    batch-invariant runtime (with the features of its passes), else one by one (features
+    left to a prefill pass)."""
     from specdec import Engine, SamplingParams
     from specdec.backends.batched import BatchedModel, supports
     from specdec.engine import step_together
 
     def params(index: int) -> SamplingParams:
-        return SamplingParams(max_tokens=reply_tokens, temperature=0.7, seed=seed + index)
+        return SamplingParams(max_tokens=reply_tokens, temperature=temperature, seed=seed + index)
 
     if batch <= 1 or not supports(target.model):
         for index, prompt_ids in requests:
