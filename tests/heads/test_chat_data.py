@@ -117,6 +117,11 @@ def test_replies_at_temperature_zero_are_the_targets_greedy_ones(target_model, t
         assert document.token_ids == prompt + greedy.token_ids
     sampled = list(replies(target, ["the cat"], 12, tmp_path / "s.jsonl"))
     assert sampled[0].token_ids != got[1].token_ids  # the default still samples
+    # replies of one temperature are not continued at another: refused in one line
+    with pytest.raises(ValueError, match="written at temperature 0.7, not 0: give another"):
+        next(replies(target, ["the cat", "hi"], 12, tmp_path / "s.jsonl", temperature=0.0))
+    again = list(replies(target, ["hi", "the cat"], 12, tmp_path / "r.jsonl", temperature=0.0))
+    assert [d.token_ids for d in again] == [d.token_ids for d in got]  # read back
 
 
 def test_chat_data_joins_the_corpus_data_in_one_directory(tmp_path, model_dir, capsys, monkeypatch):

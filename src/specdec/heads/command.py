@@ -94,8 +94,8 @@ def add_parser(commands, parser_class) -> None:
         type=float,
         default=REPLY_TEMPERATURE,
         help="--chat/--chat-prompts: the temperature the target's replies are sampled at "
-        f"(default: {REPLY_TEMPERATURE}; 0: its greedy replies). A data directory keeps the "
-        "replies it has: give another --data for another temperature",
+        f"(default: {REPLY_TEMPERATURE}; 0: its greedy replies). A data directory holds "
+        "replies of one temperature: give another --data for another",
     )
     data.add_argument("--max-tokens", type=int, help="stop after this many tokens")
     data.add_argument("--length", type=int, default=512, help="tokens per chunk (default: 512)")

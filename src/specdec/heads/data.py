@@ -173,8 +173,15 @@ def replies(
         try:
             record = json.loads(line)
             done[int(record["prompt"])] = [int(t) for t in record["token_ids"]]
-        except (ValueError, KeyError, TypeError):
+            written_at = float(record.get("temperature", REPLY_TEMPERATURE))
+        except (ValueError, KeyError, TypeError, AttributeError):
             break  # a line cut short by an interrupted run: generate from there again
+        if written_at != temperature:
+            raise ValueError(
+                f"{saved} holds replies written at temperature {written_at:g}, not "
+                f"{temperature:g}: give another --data directory (or --reply-temperature "
+                f"{written_at:g})"
+            )
         whole += 1
     if whole < len(lines):  # keep the whole lines only, so new ones start clean
         temporary = saved.with_suffix(".tmp")
@@ -191,7 +198,8 @@ def replies(
     with saved.open("a") as out:
         written = _write_replies(target, requests, reply_tokens, seed, batch, temperature)
         for index, document in written:
-            out.write(json.dumps({"prompt": index, "token_ids": document.token_ids}) + "\n")
+            line = {"prompt": index, "token_ids": document.token_ids, "temperature": temperature}
+            out.write(json.dumps(line) + "\n")
             out.flush()
             yield document
 
