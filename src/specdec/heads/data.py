@@ -198,8 +198,8 @@ def replies(
     with saved.open("a") as out:
         written = _write_replies(target, requests, reply_tokens, seed, batch, temperature)
         for index, document in written:
-            line = {"prompt": index, "token_ids": document.token_ids, "temperature": temperature}
-            out.write(json.dumps(line) + "\n")
+            record = {"prompt": index, "token_ids": document.token_ids, "temperature": temperature}
+            out.write(json.dumps(record) + "\n")
             out.flush()
             yield document
 
