@@ -23,6 +23,34 @@ from specdec.prompting import encode_prompt
 from specdec.runtime import load_draft, score_draft_vocabulary
 
 
+def greedy_replies(target, prompts_per_workload: int, max_tokens: int) -> list[tuple]:
+    """(workload, prompt ids, reply ids): the target's greedy reply to each shipped prompt."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    replies = []
+    for prompt in load_workloads(list(WORKLOADS), prompts_per_workload):
+        ids = encode_prompt(target.tokenizer, prompt.prompt, prompt.template)
+        reply = Engine(target).generate(ids, params, SpecConfig(k=0)).token_ids
+        replies.append((prompt.id.rsplit("-", 1)[0], ids, reply))
+    print(f"{len(replies)} replies, {sum(len(r) for _, _, r in replies)} tokens")
+    return replies
+
+
+def agreement(draft, replies: list[tuple]) -> str:
+    """How often ``draft``'s argmax is the reply's token, reading prompt + reply in one pass:
+    overall, then per workload."""
+    agree: dict[str, list[int]] = {}
+    for workload, ids, reply in replies:
+        draft.truncate(0)
+        logits = draft.forward(ids + reply, last_only=False)
+        picks = logits[len(ids) - 1 : len(ids) + len(reply) - 1].argmax(-1)
+        counts = agree.setdefault(workload, [0, 0])
+        counts[0] += int((picks == torch.tensor(reply)).sum())
+        counts[1] += len(reply)
+    total = [sum(c[i] for c in agree.values()) for i in (0, 1)]
+    by = ", ".join(f"{w} {c[0] / c[1]:.3f}" for w, c in agree.items())
+    return f"{total[0] / total[1]:.4f} ({by})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts-per-workload", type=int, default=20)
@@ -32,25 +60,9 @@ def main() -> int:
     by_32 = load_backend(DEFAULT_DRAFT, "int4")
     score_draft_vocabulary(by_32, DEFAULT_DRAFT, "auto", "int4")
     by_128, _ = load_draft(DEFAULT_DRAFT, "int4")
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    replies = []
-    for prompt in load_workloads(list(WORKLOADS), args.prompts_per_workload):
-        ids = encode_prompt(target.tokenizer, prompt.prompt, prompt.template)
-        reply = Engine(target).generate(ids, params, SpecConfig(k=0)).token_ids
-        replies.append((prompt.id.rsplit("-", 1)[0], ids, reply))
-    print(f"{len(replies)} replies, {sum(len(r) for _, _, r in replies)} tokens")
+    replies = greedy_replies(target, args.prompts_per_workload, args.max_tokens)
     for name, draft in (("32", by_32), ("128", by_128)):
-        agree: dict[str, list[int]] = {}
-        for workload, ids, reply in replies:
-            draft.truncate(0)
-            logits = draft.forward(ids + reply, last_only=False)
-            picks = logits[len(ids) - 1 : len(ids) + len(reply) - 1].argmax(-1)
-            counts = agree.setdefault(workload, [0, 0])
-            counts[0] += int((picks == torch.tensor(reply)).sum())
-            counts[1] += len(reply)
-        total = [sum(c[i] for c in agree.values()) for i in (0, 1)]
-        by = ", ".join(f"{w} {c[0] / c[1]:.3f}" for w, c in agree.items())
-        print(f"a scale per {name} inputs: {total[0] / total[1]:.4f} ({by})")
+        print(f"a scale per {name} inputs: {agreement(draft, replies)}")
     return 0
 
 

@@ -180,12 +180,11 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
-def agreement(args: argparse.Namespace) -> int:
-    from specdec import Engine, SamplingParams, SpecConfig
-    from specdec.bench.harness import WORKLOADS, load_workloads
+def compare_agreement(args: argparse.Namespace) -> int:
+    from draft_agreement import agreement, greedy_replies  # bench/draft_agreement.py, beside
+
     from specdec.loading import load_backend, model_directory
     from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specdec.prompting import encode_prompt
     from specdec.runtime import load_draft
 
     target = load_backend(DEFAULT_TARGET, "int4")
@@ -195,25 +194,9 @@ def agreement(args: argparse.Namespace) -> int:
         drafts = {"default": _distilled(model_directory(DEFAULT_DRAFT), args.runtime)}
     for path in args.draft:
         drafts[str(path)] = _distilled(path, args.runtime)
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    replies = []
-    for prompt in load_workloads(list(WORKLOADS), args.prompts_per_workload):
-        ids = encode_prompt(target.tokenizer, prompt.prompt, prompt.template)
-        reply = Engine(target).generate(ids, params, SpecConfig(k=0)).token_ids
-        replies.append((prompt.id.rsplit("-", 1)[0], ids, reply))
-    print(f"{len(replies)} replies, {sum(len(r) for _, _, r in replies)} tokens")
+    replies = greedy_replies(target, args.prompts_per_workload, args.max_tokens)
     for name, draft in drafts.items():
-        agree: dict[str, list[int]] = {}
-        for workload, ids, reply in replies:
-            draft.truncate(0)
-            logits = draft.forward(ids + reply, last_only=False)
-            picks = logits[len(ids) - 1 : len(ids) + len(reply) - 1].argmax(-1)
-            counts = agree.setdefault(workload, [0, 0])
-            counts[0] += int((picks == torch.tensor(reply)).sum())
-            counts[1] += len(reply)
-        total = [sum(c[i] for c in agree.values()) for i in (0, 1)]
-        by = ", ".join(f"{w} {c[0] / c[1]:.3f}" for w, c in agree.items())
-        print(f"{name}: {total[0] / total[1]:.4f} ({by})")
+        print(f"{name}: {agreement(draft, replies)}")
     return 0
 
 
@@ -348,7 +331,7 @@ def main() -> int:
     r.add_argument("--max-tokens", type=int, default=128)
     r.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    return {"train": train, "agreement": agreement, "race": race}[args.command](args)
+    return {"train": train, "agreement": compare_agreement, "race": race}[args.command](args)
 
 
 if __name__ == "__main__":
