@@ -1,6 +1,7 @@
 """The int4 kernel on weights read from memory, as a verify pass meets them: ms a product.
 
 python bench/int4_stream.py [--rows 1,4,8,16] [--paths avx512,avx2] [--threads 2] [--repeats 6]
+                           [--copies 10]
 
 A model's weights do not stay in cache between its steps (the 1.5B's int4 form is ~1 GB), so
 each linear layer of a pass reads its weight from DRAM while it multiplies. This times
@@ -33,6 +34,13 @@ def main() -> None:
     parser.add_argument("--paths", default="avx512,avx2")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument(
+        "--copies",
+        type=int,
+        default=COPIES,
+        help="copies of each weight rotated through: enough to pass the last-level cache "
+        f"(default {COPIES}, 86 MB; a Xeon with a few hundred MB of L3 needs 100+)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ops = kernels.kernel()
@@ -43,7 +51,7 @@ def main() -> None:
     print("|---|---|" + "---|" * len(args.rows.split(",")))
     for name, (inputs, outputs) in SHAPES.items():
         copies = [
-            int4.quantize_and_pack(torch.randn(outputs, inputs) * 0.02) for _ in range(COPIES)
+            int4.quantize_and_pack(torch.randn(outputs, inputs) * 0.02) for _ in range(args.copies)
         ]
         for path in paths:
             cells = []

@@ -71,23 +71,41 @@ struct Layout {
 };
 constexpr int kRowsAvx512 = 8;  // rows a pass on AVX-512 (AVX2's: kRowsAvx2)
 
-// The bytes kPrefetchGroups groups ahead (10 KB of S = 1 blocks) asked for now, into L1, five
-// lines a group (a group's share of an S = 4 block is 272 bytes: a line is asked for twice at
-// times). A thread's tiles lie one after another, so this runs on into its next tile; past
-// the weight's end it asks for nothing that can fault (a prefetch is a hint). Without it the
-// hardware's prefetchers alone kept a pass of 5-16 rows waiting on memory: on the family 26
-// EPYC (2 threads, a 1536 x 8960 weight from DRAM) passes of 8 rows took 0.36 ms and of 16
-// rows 0.71, with it 0.19-0.21 and 0.37-0.42 (distances 16-48 level; 4 and 8 about half the
-// gain, 64 less): bench/results/2026-12-04-weight-prefetch-epyc-avx512. Only the time
+// The bytes kPrefetchGroups groups ahead (10 KB of S = 1 blocks) asked for now, five lines a
+// group (a group's share of an S = 4 block is 272 bytes: a line is asked for twice at times).
+// A thread's tiles lie one after another, so this runs on into its next tile; past the
+// weight's end it asks for nothing that can fault (a prefetch is a hint). Only the time
 // changes, not a bit.
+// - Without it the hardware's prefetchers alone kept a pass of 5-16 rows waiting on memory:
+//   on the family 26 EPYC (2 threads, a 1536 x 8960 weight from DRAM) passes of 8 rows took
+//   0.36 ms and of 16 rows 0.71, with it 0.19-0.21 and 0.37-0.42 (distances 16-48 level; 4
+//   and 8 about half the gain, 64 less): bench/results/2026-12-04-weight-prefetch-epyc-avx512.
+// - Where into: L1 (prefetcht0) on AMD, as measured there; L2 (prefetcht1) on Intel. An
+//   Intel core holds few L1 misses in flight, and prefetches into L1 take those slots from the
+//   kernel's own loads: on the AMX Xeon (family 6 model 167, 2 threads) a 1-row product of
+//   that weight read from DRAM took 0.48-0.53 ms with prefetcht0 (16-18 GB/s of the 22.8 a
+//   plain sum reads) and 0.40-0.41 ms with prefetcht1 (21 GB/s); 8 rows 0.57-0.64 -> 0.53-0.59
+//   (bench/results/2026-12-05-prefetch-hint-xeon-amx). Zen 4 is documented to drop
+//   prefetcht1 at times, so AMD keeps prefetcht0.
 constexpr int kPrefetchGroups = 32;
 constexpr int kPrefetchBytes = kPrefetchGroups * (kCodeBytes + 64);
+
+bool prefetch_into_l2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel");
+}
+const bool kPrefetchIntoL2 = prefetch_into_l2();  // once, when the module loads
 
 inline void prefetch_ahead(const uint8_t* codes) {
   for (int line = 0; line < kCodeBytes + 64; line += 64) {
     // Arithmetic on the address as an integer: a pointer past the weight would be undefined.
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(codes) + kPrefetchBytes + line;
-    __builtin_prefetch(reinterpret_cast<const void*>(ahead), 0, 3);
+    const auto* ahead =
+        reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(codes) + kPrefetchBytes + line);
+    if (kPrefetchIntoL2) {
+      __builtin_prefetch(ahead, 0, 2);
+    } else {
+      __builtin_prefetch(ahead, 0, 3);
+    }
   }
 }
 
@@ -490,7 +508,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c,amx-tile,amx-int8"))) 
   // unit works while the vector units do the float work.
   auto products = [&](int64_t g0, int32_t (*sums)[R * 16]) __attribute__((always_inline)) {
     const int n = static_cast<int>(std::min<int64_t>(kAmxBatch, a.groups - g0));
-    for (int j = 0; j < n; ++j) group_codes(Layout<S>::codes(blocks, g0 + j), quads[j]);
+    for (int j = 0; j < n; ++j) {
+      prefetch_ahead(Layout<S>::codes(blocks, g0 + j));  // as the VNNI path does
+      group_codes(Layout<S>::codes(blocks, g0 + j), quads[j]);
+    }
     int j = 0;
     for (; j + 3 < n; j += 4) {
       const int8_t* xj = x + (g0 + j) * kGroup;
