@@ -80,13 +80,13 @@ constexpr int kRowsAvx512 = 8;  // rows a pass on AVX-512 (AVX2's: kRowsAvx2)
 //   on the family 26 EPYC (2 threads, a 1536 x 8960 weight from DRAM) passes of 8 rows took
 //   0.36 ms and of 16 rows 0.71, with it 0.19-0.21 and 0.37-0.42 (distances 16-48 level; 4
 //   and 8 about half the gain, 64 less): bench/results/2026-12-04-weight-prefetch-epyc-avx512.
-// - Where into: L1 (prefetcht0) on AMD, as measured there; L2 (prefetcht1) on Intel. An
+// - Where into: L2 (prefetcht1) on Intel, L1 (prefetcht0) on every other CPU. An
 //   Intel core holds few L1 misses in flight, and prefetches into L1 take those slots from the
 //   kernel's own loads: on the AMX Xeon (family 6 model 167, 2 threads) a 1-row product of
 //   that weight read from DRAM took 0.48-0.53 ms with prefetcht0 (16-18 GB/s of the 22.8 a
 //   plain sum reads) and 0.40-0.41 ms with prefetcht1 (21 GB/s); 8 rows 0.57-0.64 -> 0.53-0.59
-//   (bench/results/2026-12-05-prefetch-hint-xeon-amx). Zen 4 is documented to drop
-//   prefetcht1 at times, so AMD keeps prefetcht0.
+//   (bench/results/2026-12-05-prefetch-hint-xeon-amx). L1 is what measured best on the EPYC,
+//   and Zen 4 is documented to drop prefetcht1 at times.
 constexpr int kPrefetchGroups = 32;
 constexpr int kPrefetchBytes = kPrefetchGroups * (kCodeBytes + 64);
 
