@@ -48,6 +48,7 @@ def train(args: argparse.Namespace) -> int:
     from specdec.heads import data as heads_data
     from specdec.heads import store
     from specdec.heads.fingerprint import target_fingerprint
+    from specdec.heads.train import bf16_native
     from specdec.loading import load_backend, model_directory
     from specdec.machine import cpu_name
     from specdec.models import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET
@@ -89,9 +90,7 @@ def train(args: argparse.Namespace) -> int:
     student.lm_head.weight.requires_grad_(False)
     params = [p for n, p in student.named_parameters() if p.requires_grad] + [head]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=0.0)
-    bf16 = (
-        torch.backends.mkldnn.is_available() and "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    )
+    bf16 = bf16_native()  # as heads training decides: AVX-512 BF16 or AMX, not held below
 
     def logits_of(tokens: torch.Tensor) -> torch.Tensor:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):

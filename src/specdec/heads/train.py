@@ -263,7 +263,7 @@ def train(
     )
     if record["precision"] == "bfloat16":
         # Autocast rounds the output layer to bfloat16 in each of a step's products anyway
-        # (the same bits): once here instead. On the AMX Xeon, 0.74 -> 0.65 s of a ~1 s step.
+        # (the same bits): once here instead (docs/notes/heads.md, "Training on the AMX Xeon").
         output = output.to(torch.bfloat16)
     began = last_save = time.monotonic()
     chunks = train_set.tokens.shape[0]
