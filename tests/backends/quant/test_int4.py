@@ -65,12 +65,13 @@ def test_a_constant_group_is_exact():
 
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("bias", [True, False])
-def test_the_kernel_computes_the_quantized_product(bias, group):
+@pytest.mark.parametrize("rows", [5, 45])  # 45: AMX's pieces of 16, 16 and 13 where it runs
+def test_the_kernel_computes_the_quantized_product(bias, group, rows):
     layer = random_linear(48, 256, seed=2, bias=bias)
     codes, scales, minimums = int4.quantize_groups(layer.weight.detach(), group)
     int4_layer = RowInt4Linear(layer, group)
     assert int4_layer.group == group and int4_layer.in_features == 256
-    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(3))
     x[1, :32] = 0.0  # a group of zeros
     expected = reference(int4_layer, codes, scales, minimums, x)
     assert torch.allclose(int4_layer(x).double(), expected, atol=1e-4, rtol=1e-5)

@@ -109,12 +109,19 @@ inline void prefetch_ahead(const uint8_t* codes) {
   }
 }
 
+// A pass's activations, quantized, laid out group by group: a kernel reaches every row of a
+// group from one address (row r at a fixed offset: no register a row for the compiler to
+// spill), and the 16 rows of a group that a tile takes are 512 contiguous bytes.
 struct Activations {
-  const int8_t* codes;  // [rows, K]
-  const float* da;      // [rows, G]
-  const float* das;     // [rows, G]
-  int64_t k;
+  const int8_t* codes;   // [G, rows, 32]: group g of row r at (g * rows + r) * 32
+  const float* scales;   // [G, rows, 2]: its da and das at (g * rows + r) * 2
+  int64_t rows;
   int64_t groups;
+
+  const int8_t* group_codes(int64_t g, int64_t r0) const {
+    return codes + (g * rows + r0) * kGroup;
+  }
+  const float* group_scales(int64_t g, int64_t r0) const { return scales + (g * rows + r0) * 2; }
 };
 
 float half_to_float(uint16_t h) {
@@ -153,8 +160,10 @@ float half_to_float(uint16_t h) {
 // row of a verify pass).
 constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: x + kRound - kRound rounds |x| < 2^22
 
-SPECDEC_CLONES void quantize_row(
-    const float* x, int64_t k, int8_t* codes, float* da, float* das) {
+// Group g's codes go to codes + g * stride, its da and das to scales[g * 2 * stride / 32] and
+// the float after it (stride: the pass's rows * 32, the layout of Activations).
+SPECDEC_CLONES void quantize_row(const float* x, int64_t k, int8_t* codes, float* scales,
+                                 int64_t stride) {
   for (int64_t g = 0; g < k / kGroup; ++g) {
     F8 v[kGroup / 8];
     std::memcpy(v, x + g * kGroup, sizeof(v));
@@ -173,6 +182,7 @@ SPECDEC_CLONES void quantize_row(
       all_finite = all_finite && finite[i] != 0;
     }
     int32_t sum = 0;
+    float da;
     if (amax > 0.0f && all_finite) {
       const float inverse = 127.0f / amax;
       I8 total = {};
@@ -182,15 +192,17 @@ SPECDEC_CLONES void quantize_row(
         q = q < -127.0f ? F8{} - 127.0f : q;
         const I8 n = __builtin_convertvector(q, I8);
         total += n;
-        for (int i = 0; i < 8; ++i) codes[g * kGroup + 8 * j + i] = static_cast<int8_t>(n[i]);
+        for (int i = 0; i < 8; ++i) codes[g * stride + 8 * j + i] = static_cast<int8_t>(n[i]);
       }
       for (int i = 0; i < 8; ++i) sum += total[i];
-      da[g] = amax / 127.0f;
+      da = amax / 127.0f;
     } else {  // all zero, or a NaN / infinity there: the row's outputs become NaN, as in float
-      std::memset(codes + g * kGroup, 0, kGroup);
-      da[g] = all_finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      std::memset(codes + g * stride, 0, kGroup);
+      da = all_finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
     }
-    das[g] = da[g] * static_cast<float>(sum);
+    float* group_scales = scales + g * 2 * (stride / kGroup);
+    group_scales[0] = da;
+    group_scales[1] = da * static_cast<float>(sum);
   }
 }
 
@@ -205,9 +217,9 @@ void tile_scalar(const uint8_t* blocks, const Activations& a, int64_t row0, int6
       const uint8_t* block = Layout<S>::codes(blocks, g);
       const uint16_t* d = reinterpret_cast<const uint16_t*>(Layout<S>::scales(blocks, g));
       const uint16_t* m = d + kTile;
-      const int8_t* x = a.codes + r * a.k + g * kGroup;
-      const float da = a.da[r * a.groups + g];
-      const float das = a.das[r * a.groups + g];
+      const int8_t* x = a.group_codes(g, r);
+      const float da = a.group_scales(g, r)[0];
+      const float das = a.group_scales(g, r)[1];
       for (int c = 0; c < kTile; ++c) {
         int32_t isum = 0;
         for (int j = 0; j < 8; ++j) {
@@ -248,11 +260,11 @@ __attribute__((target("avx2,fma,f16c"))) inline void rows_avx2(const uint8_t* bl
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const int8_t* x[R];
-  for (int r = 0; r < R; ++r) x[r] = a.codes + (r0 + r) * a.k;
   for (int64_t g = 0; g < a.groups; ++g) {
     const uint8_t* block = Layout<S>::codes(blocks, g);
     const uint8_t* scales = Layout<S>::scales(blocks, g);
+    const int8_t* x = a.group_codes(g, r0);  // row r0 + r at x + 32 r
+    const float* row_scales = a.group_scales(g, r0);
     prefetch_ahead(block);
     __m256i isum[R][2];
     for (int r = 0; r < R; ++r) isum[r][0] = isum[r][1] = _mm256_setzero_si256();
@@ -265,8 +277,8 @@ __attribute__((target("avx2,fma,f16c"))) inline void rows_avx2(const uint8_t* bl
       const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(p1, 4), low_nibbles);
       for (int r = 0; r < R; ++r) {
         int32_t qlo, qhi;
-        std::memcpy(&qlo, x[r] + g * kGroup + 4 * q, 4);
-        std::memcpy(&qhi, x[r] + g * kGroup + 16 + 4 * q, 4);
+        std::memcpy(&qlo, x + r * kGroup + 4 * q, 4);
+        std::memcpy(&qhi, x + r * kGroup + 16 + 4 * q, 4);
         const __m256i blo = _mm256_set1_epi32(qlo);
         const __m256i bhi = _mm256_set1_epi32(qhi);
         isum[r][0] = _mm256_add_epi16(isum[r][0], _mm256_maddubs_epi16(lo0, blo));
@@ -286,10 +298,9 @@ __attribute__((target("avx2,fma,f16c"))) inline void rows_avx2(const uint8_t* bl
       const __m256 m = _mm256_cvtph_ps(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32 + h * 16)));
       for (int r = 0; r < R; ++r) {
-        const int64_t row = r0 + r;
         const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(isum[r][h], ones)), d);
-        acc[r][h] = _mm256_fmadd_ps(t, _mm256_set1_ps(a.da[row * a.groups + g]), acc[r][h]);
-        acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.das[row * a.groups + g]), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(t, _mm256_set1_ps(row_scales[2 * r]), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(row_scales[2 * r + 1]), acc[r][h]);
       }
     }
   }
@@ -355,11 +366,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) inline void group_
   const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
   const __m512 m =
       _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)));
+  const float* row_scales = a.group_scales(g, r0);
   for (int r = 0; r < R; ++r) {
-    const int64_t row = r0 + r;
     const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), d);
-    acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(a.da[row * a.groups + g]), acc[r]);
-    acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.das[row * a.groups + g]), acc[r]);
+    acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(row_scales[2 * r]), acc[r]);
+    acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(row_scales[2 * r + 1]), acc[r]);
   }
 }
 
@@ -372,10 +383,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) inline 
   const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const int8_t* x[R];
-  for (int r = 0; r < R; ++r) x[r] = a.codes + (r0 + r) * a.k;
   for (int64_t g = 0; g < a.groups; ++g) {
     const uint8_t* block = Layout<S>::codes(blocks, g);
+    const int8_t* x = a.group_codes(g, r0);  // row r0 + r at x + 32 r
     prefetch_ahead(block);
     __m512i codes[8];
     for (int q = 0; q < 4; ++q) {
@@ -387,7 +397,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) inline 
     for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       for (int r = 0; r < R; ++r) {
-        isum[r] = dpbusd_broadcast(isum[r], codes[j], x[r] + g * kGroup + 4 * j);
+        isum[r] = dpbusd_broadcast(isum[r], codes[j], x + r * kGroup + 4 * j);
       }
     }
     group_epilogue<R>(Layout<S>::scales(blocks, g), isum, a, r0, g, acc);
@@ -487,6 +497,33 @@ __attribute__((target("avx512f,avx512bw"))) inline void group_codes(const uint8_
 // group order, so that the tile unit's latency overlaps the unpacking and the float work.
 constexpr int kAmxBatch = 8;
 
+// The integer sums of groups g0 .. g0 + kAmxBatch - 1 (fewer at the end) for rows r0 ..
+// r0 + R - 1 into sums[j], R rows of 16 int32 each, on tiles configured by rows_amx.
+template <int R, int S>
+__attribute__((target("avx512f,avx512bw,amx-tile,amx-int8"), always_inline)) inline void
+amx_products(const uint8_t* blocks, const Activations& a, int64_t r0, int64_t g0,
+             uint8_t (*quads)[8 * 64], int32_t (*sums)[R * 16]) {
+  const int n = static_cast<int>(std::min<int64_t>(kAmxBatch, a.groups - g0));
+  for (int j = 0; j < n; ++j) {
+    prefetch_ahead(Layout<S>::codes(blocks, g0 + j));  // as the VNNI path does
+    group_codes(Layout<S>::codes(blocks, g0 + j), quads[j]);
+  }
+  // Group g's R rows: R x 32 contiguous bytes, a.rows x 32 bytes after group g - 1's.
+  const int64_t group_stride = a.rows * kGroup;
+  const int8_t* x = a.group_codes(g0, r0);
+  int j = 0;
+  for (; j + 3 < n; j += 4) {
+    const int8_t* xj = x + j * group_stride;
+    SPECDEC_GROUP_PRODUCT(0, 4, 6, xj, quads[j], kGroup, sums[j]);
+    SPECDEC_GROUP_PRODUCT(1, 5, 7, xj + group_stride, quads[j + 1], kGroup, sums[j + 1]);
+    SPECDEC_GROUP_PRODUCT(2, 4, 6, xj + 2 * group_stride, quads[j + 2], kGroup, sums[j + 2]);
+    SPECDEC_GROUP_PRODUCT(3, 5, 7, xj + 3 * group_stride, quads[j + 3], kGroup, sums[j + 3]);
+  }
+  for (; j < n; ++j) {
+    SPECDEC_GROUP_PRODUCT(0, 4, 6, x + j * group_stride, quads[j], kGroup, sums[j]);
+  }
+}
+
 template <int R, int S>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c,amx-tile,amx-int8"))) void rows_amx(
     const uint8_t* blocks, const Activations& a, int64_t r0, const float* bias, float* out,
@@ -503,30 +540,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c,amx-tile,amx-int8"))) 
   alignas(64) int32_t isum[2][kAmxBatch][R * 16];
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const int8_t* x = a.codes + r0 * a.k;
   // The products of batch b + 1 are issued before the epilogues of batch b, so that the tile
   // unit works while the vector units do the float work.
-  auto products = [&](int64_t g0, int32_t (*sums)[R * 16]) __attribute__((always_inline)) {
-    const int n = static_cast<int>(std::min<int64_t>(kAmxBatch, a.groups - g0));
-    for (int j = 0; j < n; ++j) {
-      prefetch_ahead(Layout<S>::codes(blocks, g0 + j));  // as the VNNI path does
-      group_codes(Layout<S>::codes(blocks, g0 + j), quads[j]);
-    }
-    int j = 0;
-    for (; j + 3 < n; j += 4) {
-      const int8_t* xj = x + (g0 + j) * kGroup;
-      SPECDEC_GROUP_PRODUCT(0, 4, 6, xj, quads[j], a.k, sums[j]);
-      SPECDEC_GROUP_PRODUCT(1, 5, 7, xj + kGroup, quads[j + 1], a.k, sums[j + 1]);
-      SPECDEC_GROUP_PRODUCT(2, 4, 6, xj + 2 * kGroup, quads[j + 2], a.k, sums[j + 2]);
-      SPECDEC_GROUP_PRODUCT(3, 5, 7, xj + 3 * kGroup, quads[j + 3], a.k, sums[j + 3]);
-    }
-    for (; j < n; ++j) {
-      SPECDEC_GROUP_PRODUCT(0, 4, 6, x + (g0 + j) * kGroup, quads[j], a.k, sums[j]);
-    }
-  };
-  products(0, isum[0]);
+  amx_products<R, S>(blocks, a, r0, 0, quads, isum[0]);
   for (int64_t g0 = 0, b = 0; g0 < a.groups; g0 += kAmxBatch, ++b) {
-    if (g0 + kAmxBatch < a.groups) products(g0 + kAmxBatch, isum[(b + 1) % 2]);
+    if (g0 + kAmxBatch < a.groups) {
+      amx_products<R, S>(blocks, a, r0, g0 + kAmxBatch, quads, isum[(b + 1) % 2]);
+    }
     const int n = static_cast<int>(std::min<int64_t>(kAmxBatch, a.groups - g0));
     for (int j = 0; j < n; ++j) {
       __m512i sums[R];
@@ -640,15 +660,15 @@ at::Tensor int4_linear(at::Tensor x, at::Tensor packed, c10::optional<at::Tensor
   const int64_t tile_bytes = packed.size(1) * packed.size(2);
   const at::Tensor input = x.contiguous();
   std::vector<int8_t> codes(rows * k);
-  std::vector<float> da(rows * groups), das(rows * groups);
+  std::vector<float> scales(rows * groups * 2);
   const float* in = input.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      quantize_row(in + r * k, k, codes.data() + r * k, da.data() + r * groups,
-                   das.data() + r * groups);
+      quantize_row(in + r * k, k, codes.data() + r * kGroup, scales.data() + r * 2,
+                   rows * kGroup);
     }
   });
-  const Activations a{codes.data(), da.data(), das.data(), k, groups};
+  const Activations a{codes.data(), scales.data(), rows, groups};
   at::Tensor out = at::empty({rows, n_total}, x.options());
   float* out_data = out.data_ptr<float>();
   const uint8_t* weights = packed.data_ptr<uint8_t>();
