@@ -17,15 +17,11 @@ import statistics
 import sys
 import time
 
-from specdec.backends.quant import int4, kernels
+from int4_rows import set_path  # bench/int4_rows.py, beside this script
+
+from specdec.backends.quant import kernels
 from specdec.loading import load_backend
 from specdec.machine import cpu_name
-
-
-def set_path(model, path: int) -> None:
-    for module in model.modules():
-        if isinstance(module, int4.RowInt4Linear):
-            module.path = path
 
 
 def main() -> None:

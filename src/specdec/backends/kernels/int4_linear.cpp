@@ -160,10 +160,10 @@ float half_to_float(uint16_t h) {
 // row of a verify pass).
 constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: x + kRound - kRound rounds |x| < 2^22
 
-// Group g's codes go to codes + g * stride, its da and das to scales[g * 2 * stride / 32] and
-// the float after it (stride: the pass's rows * 32, the layout of Activations).
+// In the layout of Activations for a pass of ``rows`` rows: group g's codes go to
+// codes + g * rows * 32, its da and das to scales[g * rows * 2] and the float after it.
 SPECDEC_CLONES void quantize_row(const float* x, int64_t k, int8_t* codes, float* scales,
-                                 int64_t stride) {
+                                 int64_t rows) {
   for (int64_t g = 0; g < k / kGroup; ++g) {
     F8 v[kGroup / 8];
     std::memcpy(v, x + g * kGroup, sizeof(v));
@@ -192,17 +192,18 @@ SPECDEC_CLONES void quantize_row(const float* x, int64_t k, int8_t* codes, float
         q = q < -127.0f ? F8{} - 127.0f : q;
         const I8 n = __builtin_convertvector(q, I8);
         total += n;
-        for (int i = 0; i < 8; ++i) codes[g * stride + 8 * j + i] = static_cast<int8_t>(n[i]);
+        for (int i = 0; i < 8; ++i) {
+          codes[g * rows * kGroup + 8 * j + i] = static_cast<int8_t>(n[i]);
+        }
       }
       for (int i = 0; i < 8; ++i) sum += total[i];
       da = amax / 127.0f;
     } else {  // all zero, or a NaN / infinity there: the row's outputs become NaN, as in float
-      std::memset(codes + g * stride, 0, kGroup);
+      std::memset(codes + g * rows * kGroup, 0, kGroup);
       da = all_finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
     }
-    float* group_scales = scales + g * 2 * (stride / kGroup);
-    group_scales[0] = da;
-    group_scales[1] = da * static_cast<float>(sum);
+    scales[g * rows * 2] = da;
+    scales[g * rows * 2 + 1] = da * static_cast<float>(sum);
   }
 }
 
@@ -664,8 +665,7 @@ at::Tensor int4_linear(at::Tensor x, at::Tensor packed, c10::optional<at::Tensor
   const float* in = input.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      quantize_row(in + r * k, k, codes.data() + r * kGroup, scales.data() + r * 2,
-                   rows * kGroup);
+      quantize_row(in + r * k, k, codes.data() + r * kGroup, scales.data() + r * 2, rows);
     }
   });
   const Activations a{codes.data(), scales.data(), rows, groups};
