@@ -8,11 +8,13 @@
 // weight as specdec's int4 form: 256 bytes of codes, 16 float16 d and 16 m a block).
 // g++ -O2 -fopenmp -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mamx-tile \
 //     -mamx-bf16 -mf16c -mfma -o amx_bf16_probe amx_bf16_probe.cpp
-// OMP_NUM_THREADS=2 ./amx_bf16_probe COPIES MODE LAYOUT PREFETCH PIPE ALT
 //   MODE 0 all, 1 dequantize only (no tiles), 2 tiles only (no dequantizing)
 //   LAYOUT 0: a column's 32 codes in 16 bytes (k, k + 16); 1: a column pair's in 32 bytes
 //   PREFETCH: blocks ahead (prefetcht1); PIPE 1: the next block dequantized before this one's
-//   tile load (two A buffers; LAYOUT 1 only); ALT 1: A and B tile registers alternate
+//   tile load (two A buffers; LAYOUT 1 only); ALT 1: A and B tile registers alternate;
+//   QUAD 1 (with LAYOUT 1, passes of up to 16 rows): four column blocks at a time, four C
+//   tiles summing independently, one B tile load for the four
+// OMP_NUM_THREADS=2 ./amx_bf16_probe COPIES MODE LAYOUT PREFETCH PIPE ALT QUAD
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/syscall.h>
@@ -122,7 +124,7 @@ __attribute__((always_inline)) inline void dequant2(const uint8_t* p, uint16_t* 
 }
 
 // y [M][N] = x W; M <= 64
-int MODE = 0, PF = 32, PIPE = 0, ALT = 0;
+int MODE = 0, PF = 32, PIPE = 0, ALT = 0, QUAD = 0;
 void product(const Weight& w, const uint16_t* xt, int M, float* y) {
   int MB = (M + 15) / 16, cols = std::min(M, 16);
 #pragma omp parallel
@@ -131,10 +133,37 @@ void product(const Weight& w, const uint16_t* xt, int M, float* y) {
     cfg.rows[0] = 16; cfg.bpr[0] = 64;                      // A: 16 columns x 32 inputs
     cfg.rows[1] = 16; cfg.bpr[1] = uint16_t(cols * 4);      // B: 16 pairs x rows
     cfg.rows[6] = 16; cfg.bpr[6] = uint16_t(cols * 4); cfg.rows[7] = 16; cfg.bpr[7] = 64;
-    for (int t = 2; t < 2 + MB; t++) { cfg.rows[t] = 16; cfg.bpr[t] = uint16_t(cols * 4); }
+    for (int t = 2; t < 2 + (QUAD && MB == 1 ? 4 : MB); t++) { cfg.rows[t] = 16; cfg.bpr[t] = uint16_t(cols * 4); }
     _tile_loadconfig(&cfg);
-    alignas(64) uint16_t abuf[2][16 * 32];
+    alignas(64) uint16_t abuf[4][16 * 32];
     alignas(64) float c[16 * 16];
+    if (QUAD && MB == 1) {
+#pragma omp for schedule(static)
+      for (int cq = 0; cq < w.N / 64; cq++) {
+        _tile_zero(2); _tile_zero(3); _tile_zero(4); _tile_zero(5);
+        for (int g = 0; g < w.G; g++) {
+          for (int j = 0; j < 4; j++) {
+            const uint8_t* p = w.at(cq * 4 + j, g);
+            for (int l = 0; l < 320; l += 64) _mm_prefetch((const char*)(p + 320 * PF + l), _MM_HINT_T1);
+          }
+          const uint16_t* xg = xt + size_t(g) * 512;
+          if (MODE != 2) { dequant2(w.at(cq * 4, g), abuf[0]); dequant2(w.at(cq * 4 + 1, g), abuf[1]); }
+          _tile_loadd(1, xg, 64);
+          _tile_loadd(0, abuf[0], 64); _tile_dpbf16ps(2, 0, 1);
+          _tile_loadd(7, abuf[1], 64); _tile_dpbf16ps(3, 7, 1);
+          if (MODE != 2) { dequant2(w.at(cq * 4 + 2, g), abuf[2]); dequant2(w.at(cq * 4 + 3, g), abuf[3]); }
+          _tile_loadd(0, abuf[2], 64); _tile_dpbf16ps(4, 0, 1);
+          _tile_loadd(7, abuf[3], 64); _tile_dpbf16ps(5, 7, 1);
+        }
+        for (int j = 0; j < 4; j++) {
+          switch (j) { case 0: _tile_stored(2, c, cols * 4); break; case 1: _tile_stored(3, c, cols * 4); break;
+                       case 2: _tile_stored(4, c, cols * 4); break; default: _tile_stored(5, c, cols * 4); }
+          for (int n = 0; n < 16; n++)
+            for (int mm = 0; mm < M; mm++) y[size_t(mm) * w.N + (cq * 4 + j) * 16 + n] = c[n * cols + mm];
+        }
+      }
+      _tile_release();
+    } else {
 #pragma omp for schedule(static)
     for (int cb = 0; cb < w.N / 16; cb++) {
       _tile_zero(2); if (MB > 1) _tile_zero(3); if (MB > 2) _tile_zero(4); if (MB > 3) _tile_zero(5);
@@ -169,13 +198,14 @@ void product(const Weight& w, const uint16_t* xt, int M, float* y) {
       }
     }
     _tile_release();
+    }
   }
 }
 
 int main(int argc, char** argv) {
   if (syscall(SYS_arch_prctl, 0x1023, 18)) { printf("no AMX\n"); return 1; }
   std::mt19937 g(3);
-  int copies = argc > 1 ? atoi(argv[1]) : 12; MODE = argc > 2 ? atoi(argv[2]) : 0; LAYOUT = argc > 3 ? atoi(argv[3]) : 0; int pf = argc > 4 ? atoi(argv[4]) : 32; PF = pf; PIPE = argc > 5 ? atoi(argv[5]) : 0; ALT = argc > 6 ? atoi(argv[6]) : 0;
+  int copies = argc > 1 ? atoi(argv[1]) : 12; MODE = argc > 2 ? atoi(argv[2]) : 0; LAYOUT = argc > 3 ? atoi(argv[3]) : 0; int pf = argc > 4 ? atoi(argv[4]) : 32; PF = pf; PIPE = argc > 5 ? atoi(argv[5]) : 0; ALT = argc > 6 ? atoi(argv[6]) : 0; QUAD = argc > 7 ? atoi(argv[7]) : 0;
   struct Shape { int K, N; const char* name; };
   for (Shape sh : {Shape{1536, 8960, "gate/up 1536->8960"}, Shape{8960, 1536, "down 8960->1536"}}) {
     int K = sh.K, N = sh.N; const char* name = sh.name;
