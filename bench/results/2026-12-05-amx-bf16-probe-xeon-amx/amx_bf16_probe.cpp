@@ -13,8 +13,10 @@
 //   PREFETCH: blocks ahead (prefetcht1); PIPE 1: the next block dequantized before this one's
 //   tile load (two A buffers; LAYOUT 1 only); ALT 1: A and B tile registers alternate;
 //   QUAD 1 (with LAYOUT 1, passes of up to 16 rows): four column blocks at a time, four C
-//   tiles summing independently, one B tile load for the four
-// OMP_NUM_THREADS=2 ./amx_bf16_probe COPIES MODE LAYOUT PREFETCH PIPE ALT QUAD
+//   tiles summing independently, one B tile load for the four; AHEAD 1 (with QUAD): the
+//   blocks' float16 scales converted to float one group ahead (not read back from a store
+//   just made)
+// OMP_NUM_THREADS=2 ./amx_bf16_probe COPIES MODE LAYOUT PREFETCH PIPE ALT QUAD AHEAD
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/syscall.h>
@@ -123,8 +125,30 @@ __attribute__((always_inline)) inline void dequant2(const uint8_t* p, uint16_t* 
   }
 }
 
+
+__attribute__((always_inline)) inline void scales_ahead(const uint8_t* p, float* dm) {
+  _mm512_store_ps(dm, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 256))));
+  _mm512_store_ps(dm + 16, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 288))));
+}
+__attribute__((always_inline)) inline void dequant3(const uint8_t* p, const float* dm, uint16_t* a) {
+  const __m512 qs = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i lo_mask = _mm512_set1_epi16(0x0f), high_half = _mm512_set1_epi16(0x10);
+#pragma GCC unroll 8
+  for (int pr = 0; pr < 8; pr++) {
+    int c = 2 * pr;
+    __m512 even = _mm512_fmsub_ps(qs, _mm512_set1_ps(dm[c]), _mm512_set1_ps(dm[16 + c]));
+    __m512 odd = _mm512_fmsub_ps(qs, _mm512_set1_ps(dm[c + 1]), _mm512_set1_ps(dm[17 + c]));
+    __m512i table = (__m512i)_mm512_cvtne2ps_pbh(even, odd);
+    __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(p + pr * 32)));
+    __m512i ie = _mm512_ternarylogic_epi32(w, lo_mask, high_half, 0xEA);
+    __m512i io = _mm512_srli_epi16(w, 4);
+    _mm512_store_si512((__m512i*)(a + c * 32), _mm512_permutexvar_epi16(ie, table));
+    _mm512_store_si512((__m512i*)(a + (c + 1) * 32), _mm512_permutexvar_epi16(io, table));
+  }
+}
+
 // y [M][N] = x W; M <= 64
-int MODE = 0, PF = 32, PIPE = 0, ALT = 0, QUAD = 0;
+int MODE = 0, PF = 32, PIPE = 0, ALT = 0, QUAD = 0, AHEAD = 0;
 void product(const Weight& w, const uint16_t* xt, int M, float* y) {
   int MB = (M + 15) / 16, cols = std::min(M, 16);
 #pragma omp parallel
@@ -141,17 +165,22 @@ void product(const Weight& w, const uint16_t* xt, int M, float* y) {
 #pragma omp for schedule(static)
       for (int cq = 0; cq < w.N / 64; cq++) {
         _tile_zero(2); _tile_zero(3); _tile_zero(4); _tile_zero(5);
+        alignas(64) float ring[2][4][32];
+        if (AHEAD) for (int j = 0; j < 4; j++) scales_ahead(w.at(cq * 4 + j, 0), ring[0][j]);
         for (int g = 0; g < w.G; g++) {
           for (int j = 0; j < 4; j++) {
             const uint8_t* p = w.at(cq * 4 + j, g);
             for (int l = 0; l < 320; l += 64) _mm_prefetch((const char*)(p + 320 * PF + l), _MM_HINT_T1);
           }
           const uint16_t* xg = xt + size_t(g) * 512;
-          if (MODE != 2) { dequant2(w.at(cq * 4, g), abuf[0]); dequant2(w.at(cq * 4 + 1, g), abuf[1]); }
+          float (*dm)[32] = ring[g & 1];
+          if (AHEAD && g + 1 < w.G) for (int j = 0; j < 4; j++) scales_ahead(w.at(cq * 4 + j, g + 1), ring[(g + 1) & 1][j]);
+          #define DQ(j) (AHEAD ? dequant3(w.at(cq * 4 + j, g), dm[j], abuf[j]) : dequant2(w.at(cq * 4 + j, g), abuf[j]))
+          if (MODE != 2) { DQ(0); DQ(1); }
           _tile_loadd(1, xg, 64);
           _tile_loadd(0, abuf[0], 64); _tile_dpbf16ps(2, 0, 1);
           _tile_loadd(7, abuf[1], 64); _tile_dpbf16ps(3, 7, 1);
-          if (MODE != 2) { dequant2(w.at(cq * 4 + 2, g), abuf[2]); dequant2(w.at(cq * 4 + 3, g), abuf[3]); }
+          if (MODE != 2) { DQ(2); DQ(3); }
           _tile_loadd(0, abuf[2], 64); _tile_dpbf16ps(4, 0, 1);
           _tile_loadd(7, abuf[3], 64); _tile_dpbf16ps(5, 7, 1);
         }
@@ -205,7 +234,7 @@ void product(const Weight& w, const uint16_t* xt, int M, float* y) {
 int main(int argc, char** argv) {
   if (syscall(SYS_arch_prctl, 0x1023, 18)) { printf("no AMX\n"); return 1; }
   std::mt19937 g(3);
-  int copies = argc > 1 ? atoi(argv[1]) : 12; MODE = argc > 2 ? atoi(argv[2]) : 0; LAYOUT = argc > 3 ? atoi(argv[3]) : 0; int pf = argc > 4 ? atoi(argv[4]) : 32; PF = pf; PIPE = argc > 5 ? atoi(argv[5]) : 0; ALT = argc > 6 ? atoi(argv[6]) : 0; QUAD = argc > 7 ? atoi(argv[7]) : 0;
+  int copies = argc > 1 ? atoi(argv[1]) : 12; MODE = argc > 2 ? atoi(argv[2]) : 0; LAYOUT = argc > 3 ? atoi(argv[3]) : 0; int pf = argc > 4 ? atoi(argv[4]) : 32; PF = pf; PIPE = argc > 5 ? atoi(argv[5]) : 0; ALT = argc > 6 ? atoi(argv[6]) : 0; QUAD = argc > 7 ? atoi(argv[7]) : 0; AHEAD = argc > 8 ? atoi(argv[8]) : 0;
   struct Shape { int K, N; const char* name; };
   for (Shape sh : {Shape{1536, 8960, "gate/up 1536->8960"}, Shape{8960, 1536, "down 8960->1536"}}) {
     int K = sh.K, N = sh.N; const char* name = sh.name;
