@@ -636,3 +636,35 @@ def test_progress_lines_time_each_step_and_show_a_step_run_again(monkeypatch, ca
         "training (seconds): 0/4 (0 s)",
         "training (seconds): 4/4 (7 s)",
     ]
+
+
+def test_serve_reports_an_address_it_cannot_listen_on_before_loading(tmp_path, capsys):
+    """A port another server holds, an impossible port, a host this machine does not have:
+    one line and exit 2 at once, before the models load (the target does not exist: reaching
+    the loading would say so instead)."""
+    import socket
+
+    missing = str(tmp_path / "no-such-model")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert exit_code(["serve", "--target", missing, "--port", str(port)]) == 2
+        error = capsys.readouterr().err
+        assert f"cannot listen on 127.0.0.1:{port}" in error and "another server" in error
+        assert "no-such-model" not in error
+    for bad in ("0", "65536", "99999", "http"):
+        assert exit_code(["serve", "--target", missing, "--port", bad]) == 2
+        assert "--port" in capsys.readouterr().err
+    assert exit_code(["serve", "--target", missing, "--host", "no-such-host.invalid"]) == 2
+    assert "--host no-such-host.invalid" in capsys.readouterr().err
+    # the port free again: the check passes and the missing model is what fails
+    assert exit_code(["serve", "--target", missing, "--port", str(port)]) == 2
+    assert "no-such-model" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    from specdec import __version__
+
+    assert exit_code(["--version"]) == 0
+    assert capsys.readouterr().out == f"specdec {__version__}\n"

@@ -56,6 +56,17 @@ def draft_vocab_value(text: str) -> str:
     return text
 
 
+def port_value(text: str) -> int:
+    """A TCP port, 1..65535 (a larger number would wrap around to another port)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1..65535, got {port}")
+    return port
+
+
 def k_value(text: str) -> int | str:
     if text == "auto":
         return text

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specdec import __version__
 from specdec.arguments import Parser, UsageError
 from specdec.cli import generate, serve, tools
 from specdec.heads import command as heads_command
@@ -17,6 +18,7 @@ __all__ = ["UsageError", "build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="specdec", description="Exact speculative decoding for LLMs.")
+    parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     generate.add_parser(commands)
     from specdec.bench import command as bench_command

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 
 from specdec.arguments import (
@@ -12,6 +14,7 @@ from specdec.arguments import (
     add_draft_vocab,
     check_choice_k,
     k_value,
+    port_value,
 )
 from specdec.config import DEFAULT_MAX_ROWS
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -98,7 +101,7 @@ def add_parser(commands) -> None:
     )
     add_draft_vocab(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    serve.add_argument("--port", type=port_value, default=8000, help="port (default: 8000)")
     serve.add_argument(
         "--max-active", type=int, default=8, help="requests decoded at once (default: 8)"
     )
@@ -203,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_active < 1 or args.max_queue < 0 or args.max_rows < 1:
         raise UsageError("--max-active and --max-rows must be >= 1 and --max-queue >= 0")
+    if args.replicas is None or args.address is None:  # a Ray cluster joined binds elsewhere
+        check_listen(args.host, args.port)  # before the models load, not after
     if args.replicas is not None:
         return _serve_replicas(args)
     config = server_config(args, threads=None)  # bad flags fail before any loading
@@ -218,6 +223,27 @@ def run(args: argparse.Namespace) -> int:
     finally:
         scheduler.stop()
     return 0
+
+
+def check_listen(host: str, port: int) -> None:
+    """Whether this process could listen on host:port now (a UsageError if not): a port
+    already taken or an address this machine does not have is reported before the models
+    load, not after. The test socket is closed at once and the server binds its own."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise UsageError(f"--host {host}: {error.strerror}") from None
+    family, kind, proto, _, address = addresses[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as error:
+            taken = error.errno == errno.EADDRINUSE
+            hint = "; another server is listening there: stop it or pick another --port"
+            raise UsageError(
+                f"cannot listen on {host}:{port}: {error.strerror}{hint if taken else ''}"
+            ) from None
 
 
 def server_config(args: argparse.Namespace, threads: int | None):
