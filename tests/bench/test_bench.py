@@ -113,6 +113,17 @@ def test_a_target_that_is_no_model_is_one_line(tmp_path, capsys):
     assert "is neither a catalog model" in err and err.count("\n") == 1, err
 
 
+def test_an_out_folder_it_cannot_write_is_one_line_before_any_run(tmp_path, capsys):
+    """--out under a file: one line and exit 2 before anything loads or runs (the target
+    does not exist either: reaching the loading would have said so instead)."""
+    (tmp_path / "a-file").write_text("")
+    args = ["bench", "--target", str(tmp_path / "nowhere"), "--systems", "plain"]
+    assert main([*args, "--out", str(tmp_path / "a-file" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "cannot write there" in err and err.count("\n") == 1, err
+    assert "catalog model" not in err
+
+
 def test_system_names_parse_drafter_k_and_runtime():
     from specdec.bench.systems import ModelPool, RuntimePair, describe, make_system, reference_of
 

@@ -7,9 +7,10 @@ import datetime
 import os
 import platform
 import sys
+import tempfile
 from pathlib import Path
 
-from specdec.arguments import add_cache_dir, add_draft_vocab
+from specdec.arguments import UsageError, add_cache_dir, add_draft_vocab
 from specdec.bench.harness import (
     WORKLOADS,
     load_workload_file,
@@ -125,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         items = load_workloads([w.strip() for w in args.workloads.split(",")], per_workload)
     params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
+    date = datetime.datetime.now().strftime("%Y-%m-%d")
+    out_dir = Path(args.out or f"bench/results/{date}")
+    _check_writable(out_dir)  # before the models load and run, not after
     pool, target_label, draft_vocab = _pool(args)
     systems = {
         name: make_system(name, pool, ngram, args.dtype, args.verification) for name in names
@@ -159,8 +163,6 @@ def run(args: argparse.Namespace) -> int:
     distribution = {}
     if not params.greedy:
         distribution = _distribution_tests(systems, runs, pool, items, params, args.dtype)
-    date = datetime.datetime.now().strftime("%Y-%m-%d")
-    out_dir = Path(args.out or f"bench/results/{date}")
     meta = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": machine(),
@@ -173,10 +175,27 @@ def run(args: argparse.Namespace) -> int:
         "prompts": len(items),
         "draft_vocab": draft_vocab,
     }
-    paths = write_reports(out_dir, meta, rows, runs_to_json(runs), descriptions, distribution)
+    try:
+        paths = write_reports(out_dir, meta, rows, runs_to_json(runs), descriptions, distribution)
+    except OSError as error:  # e.g. the disk filled during the runs: keep them elsewhere
+        kept = Path(tempfile.mkdtemp(prefix="specdec-bench-"))
+        sys.stderr.write(f"specdec: cannot write the reports to {out_dir} ({error}); ")
+        sys.stderr.write(f"writing them to {kept} instead\n")
+        paths = write_reports(kept, meta, rows, runs_to_json(runs), descriptions, distribution)
     sys.stdout.write(paths["markdown"].read_text())
     sys.stderr.write(f"reports: {', '.join(str(p) for p in paths.values())}\n")
     return 0
+
+
+def _check_writable(out_dir: Path) -> None:
+    """Whether the reports can be written to ``out_dir`` (made if missing): a UsageError
+    now rather than a lost benchmark at its end."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as error:
+        raise UsageError(f"--out {out_dir}: cannot write there ({error.strerror})") from None
 
 
 def _distribution_tests(systems, runs, pool, items, params, dtype: str) -> dict:
