@@ -293,6 +293,19 @@ def test_ngram_build_bad_input(capsys, tmp_path):
     assert "not a file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["ngram", "vocab"])
+def test_an_output_it_cannot_write_is_one_line_before_the_counting(command, capsys, tmp_path):
+    """-o in a folder that cannot be (a file's path): one line, exit 2, before the tokenizer
+    loads (--tokenizer names no model: loading it would fail with another message)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def f():\n    return 1\n")
+    output = tmp_path / "corpus.txt" / "out.json"
+    args = [command, "build", str(corpus), "-o", str(output), "--tokenizer", "no-such-model"]
+    assert exit_code(args) == 2
+    err = capsys.readouterr().err
+    assert f"-o {output}: cannot write there" in err and err.count("\n") == 1, err
+
+
 def test_a_pair_with_different_tokenizers_is_refused(model_dirs, tmp_path, capsys):
     """Same vocabulary size and EOS, but every other id means another character."""
     from tokenizers import Tokenizer, decoders, models
@@ -661,6 +674,19 @@ def test_serve_reports_an_address_it_cannot_listen_on_before_loading(tmp_path, c
     # the port free again: the check passes and the missing model is what fails
     assert exit_code(["serve", "--target", missing, "--port", str(port)]) == 2
     assert "no-such-model" in capsys.readouterr().err
+
+
+def test_an_error_of_the_machine_is_one_line(model_dirs, tmp_path, capsys):
+    """An OSError (here a cache folder under a file) ends in one line and exit 1, not a
+    traceback."""
+    target, draft = model_dirs
+    (tmp_path / "a-file").write_text("")
+    args = ["generate", "hi", "--target", str(target), "--draft", str(draft), "--dtype", "int8"]
+    args += ["--max-tokens", "2", "--cache-dir", str(tmp_path / "a-file" / "cache")]
+    assert exit_code(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("specdec: error: ") and err.count("\n") == 1, err
+    assert "a-file" in err
 
 
 def test_version(capsys):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
 
 CACHE_DIR_HELP = "model cache (default: $SPECDEC_CACHE or ~/.cache/specdec)"
 
@@ -20,6 +22,18 @@ class Parser(argparse.ArgumentParser):
 
 class UsageError(Exception):
     """A bad argument found after parsing (exit 2)."""
+
+
+def check_writable(folder: Path, what: str, make: bool = False) -> None:
+    """Whether a file can be written in ``folder`` (made first with ``make``): a UsageError
+    naming ``what`` (the flag and its value) now, rather than lost work at the end."""
+    try:
+        if make:
+            folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise UsageError(f"{what}: cannot write there ({error.strerror})") from None
 
 
 def add_cache_dir(parser) -> None:

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specdec.arguments import UsageError, add_cache_dir, add_draft_vocab
+from specdec.arguments import add_cache_dir, add_draft_vocab, check_writable
 from specdec.bench.harness import (
     WORKLOADS,
     load_workload_file,
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, seed=args.seed)
     date = datetime.datetime.now().strftime("%Y-%m-%d")
     out_dir = Path(args.out or f"bench/results/{date}")
-    _check_writable(out_dir)  # before the models load and run, not after
+    check_writable(out_dir, f"--out {out_dir}", make=True)  # before the models load and run
     pool, target_label, draft_vocab = _pool(args)
     systems = {
         name: make_system(name, pool, ngram, args.dtype, args.verification) for name in names
@@ -185,17 +185,6 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(paths["markdown"].read_text())
     sys.stderr.write(f"reports: {', '.join(str(p) for p in paths.values())}\n")
     return 0
-
-
-def _check_writable(out_dir: Path) -> None:
-    """Whether the reports can be written to ``out_dir`` (made if missing): a UsageError
-    now rather than a lost benchmark at its end."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as error:
-        raise UsageError(f"--out {out_dir}: cannot write there ({error.strerror})") from None
 
 
 def _distribution_tests(systems, runs, pool, items, params, dtype: str) -> dict:

@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     except ModelError as error:
         sys.stderr.write(f"specdec: error: {error}\n")
         return 1
+    except OSError as error:  # the machine's: a folder not writable, a full disk, ...
+        where = f": {error.filename}" if error.filename else ""
+        sys.stderr.write(f"specdec: error: {error.strerror or error}{where}\n")
+        return 1
     except KeyboardInterrupt:
         sys.stderr.write("specdec: interrupted\n")
         return 130

@@ -8,7 +8,7 @@ import argparse
 import statistics
 import sys
 
-from specdec.arguments import Parser, UsageError, add_cache_dir, add_draft_vocab
+from specdec.arguments import Parser, UsageError, add_cache_dir, add_draft_vocab, check_writable
 from specdec.config import SamplingParams
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES
 from specdec.prompting import encode_prompt, read_prompt_file
@@ -392,6 +392,7 @@ def _corpus_tokenizer(args: argparse.Namespace):
     missing = [f for f in args.files if not Path(f).is_file()]
     if missing:
         raise UsageError(f"not a file: {missing[0]}")
+    check_writable(Path(args.output).parent, f"-o {args.output}")  # before the counting
     source = args.tokenizer
     if source in CATALOG:
         source = ensure_converted(lookup(source), cache_root(args.cache_dir))
