@@ -228,22 +228,25 @@ def run(args: argparse.Namespace) -> int:
 def check_listen(host: str, port: int) -> None:
     """Whether this process could listen on host:port now (a UsageError if not): a port
     already taken or an address this machine does not have is reported before the models
-    load, not after. The test socket is closed at once and the server binds its own."""
+    load, not after. Each address the host resolves to is bound as asyncio's server binds
+    them (uvicorn's), then closed at once; the server binds its own."""
     try:
-        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as error:
         raise UsageError(f"--host {host}: {error.strerror}") from None
-    family, kind, proto, _, address = addresses[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            probe.bind(address)
-        except OSError as error:
-            taken = error.errno == errno.EADDRINUSE
-            hint = "; another server is listening there: stop it or pick another --port"
-            raise UsageError(
-                f"cannot listen on {host}:{port}: {error.strerror}{hint if taken else ''}"
-            ) from None
+    for family, kind, proto, _, address in dict.fromkeys(found):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, True)
+            try:
+                probe.bind(address)
+            except OSError as error:
+                taken = error.errno == errno.EADDRINUSE
+                hint = "; another server is listening there: stop it or pick another --port"
+                raise UsageError(
+                    f"cannot listen on {host}:{port}: {error.strerror}{hint if taken else ''}"
+                ) from None
 
 
 def server_config(args: argparse.Namespace, threads: int | None):
