@@ -689,6 +689,27 @@ def test_an_error_of_the_machine_is_one_line(model_dirs, tmp_path, capsys):
     assert "a-file" in err
 
 
+def test_a_prompt_read_from_standard_input(model_dirs, monkeypatch, capsys):
+    """generate -: the prompt from standard input, its trailing newlines dropped (as the
+    shell's "$(cat FILE)"), the same output as the same text given as an argument; an empty
+    input is one line and exit 2."""
+    import io
+
+    target, draft = model_dirs
+    common = ["--target", str(target), "--draft", str(draft), "--dtype", "int8"]
+    common += ["--max-tokens", "12", "--json", "--raw"]
+    text = "hello world.\nhello"
+    assert main(["generate", text, *common]) == 0
+    given = json.loads(capsys.readouterr().out)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text + "\n\n"))
+    assert main(["generate", "-", *common]) == 0
+    read = json.loads(capsys.readouterr().out)
+    assert read["token_ids"] == given["token_ids"] and read["text"] == given["text"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n \n"))
+    assert main(["generate", "-", *common]) == 2
+    assert "standard input is empty" in capsys.readouterr().err
+
+
 def test_version(capsys):
     from specdec import __version__
 

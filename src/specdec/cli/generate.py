@@ -44,7 +44,11 @@ def add_parser(commands) -> None:
 
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("prompt", help="the prompt text")
+    p.add_argument(
+        "prompt",
+        help="the prompt text; - reads it from standard input, trailing newlines dropped as "
+        'the shell\'s "$(cat FILE)" drops them (a long prompt: specdec generate - < FILE)',
+    )
     p.add_argument(
         "--target",
         default=DEFAULT_TARGET,
@@ -252,6 +256,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from specdec.cli import output as cli_output
 
+    if args.prompt == "-":  # read now: an empty or unreadable input fails before any loading
+        args.prompt = read_stdin_prompt()
+
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -367,3 +374,14 @@ def build_engine(args: argparse.Namespace, recipe: str):
         )
         drafter = build_drafter(recipe if args.k != 0 else "none", sources)
     return Engine(target, drafter)
+
+
+def read_stdin_prompt() -> str:
+    """The whole of standard input as the prompt, less its trailing newlines (as the
+    shell's "$(cat FILE)"; a UsageError when nothing is left)."""
+    if sys.stdin is None or sys.stdin.isatty():
+        sys.stderr.write("specdec: reading the prompt from standard input (Ctrl-D ends it)\n")
+    text = (sys.stdin.read() if sys.stdin is not None else "").rstrip("\n")
+    if not text.strip():
+        raise UsageError("the prompt read from standard input is empty")
+    return text
