@@ -175,6 +175,82 @@ def test_a_failed_pass_leaves_every_sequence_as_it_was(int8_model, monkeypatch):
     assert torch.equal(first.forward(random_ids(3, 3)), reference.forward(random_ids(3, 3)))
 
 
+def _split_and_whole(model, rows):
+    """Two views of one model: passes of at most ``rows`` rows, and passes of any size."""
+    split, whole = BatchedModel(model), BatchedModel(model)
+    split.PASS_ROWS, whole.PASS_ROWS = rows, 1_000_000
+    passes = []
+    inner = split._forward
+
+    def counted(work, parents):
+        passes.append(sum(len(tokens) for _, tokens, _ in work))
+        return inner(work, parents)
+
+    split._forward = counted  # type: ignore[method-assign]
+    return split, whole, passes
+
+
+def test_a_pass_longer_than_pass_rows_is_split_and_gives_the_same_bits(quantized_model):
+    """Prompts longer than PASS_ROWS (a long prefill) go in consecutive passes of at most
+    that many rows, a sequence's tokens split between them: every logit, cached token and
+    kept feature equals one pass's, last_only mixed, a part asking for no logits."""
+    split, whole, passes = _split_and_whole(quantized_model, rows=5)
+    ours = [split.sequence() for _ in range(3)]
+    theirs = [whole.sequence() for _ in range(3)]
+    for sequence in [*ours, *theirs]:
+        sequence.keep_hidden_states()
+    steps = [
+        [(0, random_ids(1, 17), True), (1, random_ids(2, 3), False), (2, random_ids(3, 12), False)],
+        [(2, random_ids(4, 1), False), (0, random_ids(5, 6), False), (1, random_ids(6, 9), True)],
+    ]
+    for work in steps:
+        got = split.forward_many([(ours[i], tokens, last) for i, tokens, last in work])
+        want = whole.forward_many([(theirs[i], tokens, last) for i, tokens, last in work])
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+    assert max(passes) <= 5 and len(passes) == 7 + 4  # 32 rows, then 16
+    for a, b in zip(ours, theirs, strict=True):
+        assert list(a.cached_token_ids) == list(b.cached_token_ids)
+        assert torch.equal(a.hidden_states(), b.hidden_states())
+
+
+def test_a_split_pass_that_fails_leaves_every_sequence_as_it_was(int8_model, monkeypatch):
+    """Its third part fails: every sequence holds what it held before the call."""
+    split, _, passes = _split_and_whole(int8_model, rows=4)
+    first, second = split.sequence(), split.sequence()
+    first.forward(random_ids(1, 3))
+    counted = split._forward
+
+    def failing(work, parents):
+        if len(passes) == 2:
+            raise RuntimeError("out of memory, say")
+        return counted(work, parents)
+
+    monkeypatch.setattr(split, "_forward", failing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        split.forward_many([(first, random_ids(2, 6), False), (second, random_ids(3, 7), True)])
+    assert len(first.cached_token_ids) == 3 and not second.cached_token_ids
+    assert all(layer.keys.shape[-2] == 3 for layer in first.layers)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4, 8])
+def test_a_split_prefill_equals_one_pass_at_real_layer_sizes(real_size_quantized_model, threads):
+    """Hidden 1536, intermediate 8960: a 40-token prompt in passes of 16 rows, then a block
+    of 9, equal bit for bit to one pass each."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        split, whole, passes = _split_and_whole(real_size_quantized_model, rows=16)
+        ours, theirs = split.sequence(), whole.sequence()
+        prompt = random_ids(30, 40, vocab=2048)
+        assert torch.equal(ours.forward(prompt, last_only=True), theirs.forward(prompt, True))
+        block = random_ids(31, 9, vocab=2048)
+        assert torch.equal(ours.forward(block), theirs.forward(block))
+        assert passes == [16, 16, 8, 9]
+    finally:
+        torch.set_num_threads(before)
+
+
 # ---- the engine over a batch ------------------------------------------------------------
 
 

@@ -181,7 +181,9 @@ class ModelSequence:
         self._ids.extend(token_ids)
 
 
-Work = tuple[ModelSequence, list[int], bool]  # a sequence, its new tokens, last_only
+# A sequence, its new tokens, last_only (None inside forward_many: a part of a longer pass
+# whose logits are not wanted).
+Work = tuple[ModelSequence, list[int], bool | None]
 
 
 class BatchedModel:
@@ -217,6 +219,13 @@ class BatchedModel:
         self.reused_tokens = 0  # prompt tokens copied from another sequence instead of computed
 
     RECENT = 4  # finished sequences kept as prefix donors (their caches stay in memory)
+    # The most rows one pass scores; more (a long prompt's prefill) go in consecutive passes:
+    # a pass's activations (n x 8960 floats in the 1.5B's MLP) outgrow the caches. Measured
+    # on the AMX Xeon (family 6 model 167, 2 threads, int4), prompts of 512 / 1024 / 2048
+    # tokens: the 1.5B 3.12 / 8.46 / 20.7 s in one pass, 2.26 / 5.21 / 12.7 in passes of 64
+    # (32 and 128 slower); the 0.5B 1.10 / 2.93 / 8.51 against 0.82 / 1.96 / 5.28
+    # (bench/results/2026-12-05-prefill-passes-xeon-amx). The same bits either way.
+    PASS_ROWS = 64
 
     def sequence(self) -> ModelSequence:
         made = ModelSequence(self)
@@ -245,11 +254,44 @@ class BatchedModel:
         )
         held = [len(seq.cached_token_ids) for seq, _, _ in work]
         try:
-            return self._forward(work, parents)
+            if parents is not None or sum(len(tokens) for _, tokens, _ in work) <= self.PASS_ROWS:
+                return self._forward(work, parents)
+            return self._forward_in_passes(work)
         except BaseException:
             for (seq, _, _), n in zip(work, held, strict=True):
                 seq.truncate(n)
             raise
+
+    def _forward_in_passes(self, work: Sequence[Work]) -> list[torch.Tensor]:
+        """``forward_many`` in passes of at most ``PASS_ROWS`` rows: the sequences in order,
+        a long one's tokens split over consecutive passes, each part attending to the parts
+        cached before it. A row's logits and cache entries are the same bits as in one pass
+        (every row is computed as alone); a part before a last_only sequence's last asks for
+        no logits."""
+        logits: list[list[torch.Tensor]] = [[] for _ in work]
+        part: list[tuple[int, Work]] = []  # (index in work, its part) of the pass being filled
+        rows = 0
+        for index, (seq, tokens, last_only) in enumerate(work):
+            at = 0
+            while at < len(tokens):
+                end = min(len(tokens), at + self.PASS_ROWS - rows)
+                wanted = not last_only or end == len(tokens)
+                part.append((index, (seq, tokens[at:end], last_only if wanted else None)))
+                rows += end - at
+                at = end
+                if rows == self.PASS_ROWS:
+                    self._run_part(part, logits)
+                    part, rows = [], 0
+        if part:
+            self._run_part(part, logits)
+        return [torch.cat(pieces) if len(pieces) > 1 else pieces[0] for pieces in logits]
+
+    def _run_part(self, part: list[tuple[int, Work]], logits: list[list[torch.Tensor]]) -> None:
+        for (index, (_, _, last_only)), out in zip(
+            part, self._forward([work for _, work in part], None), strict=True
+        ):
+            if last_only is not None:
+                logits[index].append(out)
 
     @torch.inference_mode()
     def _forward(self, work: Sequence[Work], parents: Sequence[int] | None) -> list[torch.Tensor]:
@@ -274,14 +316,16 @@ class BatchedModel:
         rows = [
             row
             for i, (_, _, last_only) in enumerate(work)
+            if last_only is not None  # a part of a longer pass whose logits are not wanted
             for row in ([starts[i + 1] - 1] if last_only else range(starts[i], starts[i + 1]))
         ]
-        # Asked every pass: a draft's output layer may be trimmed after it was wrapped.
-        lm_head = self.model.get_output_embeddings()
-        logits = lm_head(hidden[:, rows])[0, :, : self.vocab_size].float()
+        logits = torch.empty(0, self.vocab_size)
+        if rows:  # asked every pass: a draft's output layer may be trimmed after it was wrapped
+            lm_head = self.model.get_output_embeddings()
+            logits = lm_head(hidden[:, rows])[0, :, : self.vocab_size].float()
         out, at = [], 0
         for i, (seq, tokens, last_only) in enumerate(work):
-            count = 1 if last_only else len(tokens)
+            count = 0 if last_only is None else 1 if last_only else len(tokens)
             out.append(logits[at : at + count])
             at += count
             seq._commit(tokens, hidden[0, starts[i] : starts[i + 1]].float())
