@@ -219,12 +219,12 @@ class BatchedModel:
         self.reused_tokens = 0  # prompt tokens copied from another sequence instead of computed
 
     RECENT = 4  # finished sequences kept as prefix donors (their caches stay in memory)
-    # The most rows one pass scores; more (a long prompt's prefill) go in consecutive passes:
-    # a pass's activations (n x 8960 floats in the 1.5B's MLP) outgrow the caches. Measured
-    # on the AMX Xeon (family 6 model 167, 2 threads, int4), prompts of 512 / 1024 / 2048
-    # tokens: the 1.5B 3.12 / 8.46 / 20.7 s in one pass, 2.26 / 5.21 / 12.7 in passes of 64
-    # (32 and 128 slower); the 0.5B 1.10 / 2.93 / 8.51 against 0.82 / 1.96 / 5.28
-    # (bench/results/2026-12-05-prefill-passes-xeon-amx). The same bits either way.
+    # The most rows one pass scores; more (a long prompt's prefill) go in consecutive passes,
+    # whose rows are the same bits. Chosen on the AMX Xeon (family 6 model 167, 2 threads,
+    # int4): prompts of 512 / 1024 / 2048 tokens took the 1.5B 3.12 / 8.46 / 20.7 s in one
+    # pass and 2.26 / 5.21 / 12.7 in passes of 64 (32 and 128 slower), the 0.5B 1.10 / 2.93
+    # / 8.51 against 0.82 / 1.96 / 5.28; most likely a pass's activations (n x 8960 floats
+    # in the MLP) outgrow the caches (bench/results/2026-12-05-prefill-passes-xeon-amx).
     PASS_ROWS = 64
 
     def sequence(self) -> ModelSequence:
