@@ -382,7 +382,8 @@ def tune(args: argparse.Namespace) -> int:
 
 
 def _corpus_tokenizer(args: argparse.Namespace):
-    """The files (checked) and the tokenizer and logits width of --tokenizer."""
+    """The files (checked; -o checked writable) and the tokenizer and logits width of
+    --tokenizer."""
     from pathlib import Path
 
     from transformers import AutoConfig, AutoTokenizer
