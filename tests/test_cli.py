@@ -676,6 +676,25 @@ def test_serve_reports_an_address_it_cannot_listen_on_before_loading(tmp_path, c
     assert "no-such-model" in capsys.readouterr().err
 
 
+def test_serve_prefill_rows_sets_the_servers_step_budget(tmp_path, capsys):
+    """--prefill-rows N: the prompt tokens a step prefills (0: each prompt whole, None in
+    the config); a negative one is a usage error before anything loads."""
+    from specdec.cli import build_parser
+    from specdec.cli.serve import server_config as _server_config
+    from specdec.config import DEFAULT_PREFILL_ROWS
+
+    def config(*flags):
+        return _server_config(build_parser().parse_args(["serve", *flags]), threads=None)
+
+    assert config().prefill_rows == DEFAULT_PREFILL_ROWS
+    assert config("--prefill-rows", "64").prefill_rows == 64
+    assert config("--prefill-rows", "0").prefill_rows is None
+    missing = str(tmp_path / "no-such-model")
+    assert exit_code(["serve", "--target", missing, "--prefill-rows", "-1"]) == 2
+    error = capsys.readouterr().err
+    assert "--prefill-rows" in error and "no-such-model" not in error
+
+
 def test_an_error_of_the_machine_is_one_line(model_dirs, tmp_path, capsys):
     """An OSError (here a cache folder under a file) ends in one line and exit 1, not a
     traceback."""

@@ -208,7 +208,9 @@ class Run:
         self.context = list(prompt)
         self.generated: list[int] = []
         self.stats = SpecStats(prompt_tokens=len(prompt))
-        self.started = 0.0  # set by start()
+        self.started = 0.0  # set by start() or the first prefill_part()
+        self.prefilled = False  # set by prefill_part()
+        self._drafter_given = 0  # how much of the prompt the drafter's prefill has seen
 
     def rounds(self) -> Iterator[Chunk]:
         self.start()
@@ -219,11 +221,35 @@ class Run:
             yield chunk
 
     def start(self, prepare_drafter: bool = True) -> None:
-        """The prefill; rounds follow. ``prepare_drafter=False``: the drafter's own prefill
-        is left for its first proposal (a batch that is not drafting now)."""
-        self.started = time.perf_counter()
+        """The prefill (what ``prefill_part`` has not fed yet); rounds follow.
+        ``prepare_drafter=False``: the drafter's own prefill is left for its first proposal
+        (a batch that is not drafting now)."""
+        began = time.perf_counter()
+        self.started = self.started or began
         self._prefill(prepare_drafter)
-        self.stats.prefill_seconds = time.perf_counter() - self.started
+        self.stats.prefill_seconds += time.perf_counter() - began
+
+    def prefill_part(self, rows: int, prepare_drafter: bool = True) -> int:
+        """A part of ``start``'s prefill, so that a server can step other requests between
+        the parts of a long prompt: at most ``rows`` more prompt tokens into the target's
+        cache or, once it holds the prompt, the drafter's (``Drafter.prepare`` on a longer
+        prefix of the prompt). Returns how many it fed; ``prefilled`` says when nothing is
+        left (``start`` then feeds nothing). The caches end as one prefill leaves them: bit
+        for bit on specdec's own runtimes, which compute every row as alone."""
+        began = time.perf_counter()
+        self.started = self.started or began
+        fed = sync_cache(self.target, self.context[:-1], most=rows)
+        if fed:
+            self.stats.target_forwards += 1
+        drafts = prepare_drafter and self.speculation.will_draft()
+        if not fed and drafts and self._drafter_given < len(self.context):
+            given = min(len(self.context), self._drafter_given + max(rows, 1))
+            self.speculation.prepare(self.context[:given])
+            fed, self._drafter_given = given - self._drafter_given, given
+        target_done = len(self.target.cached_token_ids) == len(self.context) - 1
+        self.prefilled = target_done and (not drafts or self._drafter_given == len(self.context))
+        self.stats.prefill_seconds += time.perf_counter() - began
+        return fed
 
     def _prefill(self, prepare_drafter: bool = True) -> None:
         """Bring the target cache to ``context[:-1]``, reusing a prefix it already holds, and

@@ -5,6 +5,7 @@ import torch
 
 from helpers import backend, perturbed_copy, random_ids, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends.base import sync_cache
 from specdec.backends.batched import BatchedModel, supports
 from specdec.backends.quant.convert import make_int8_batch_invariant
 from specdec.doctor import real_size_int8_model
@@ -247,6 +248,28 @@ def test_a_split_prefill_equals_one_pass_at_real_layer_sizes(real_size_quantized
         block = random_ids(31, 9, vocab=2048)
         assert torch.equal(ours.forward(block), theirs.forward(block))
         assert passes == [16, 16, 8, 9]
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4, 8])
+def test_a_prefill_in_parts_equals_one_pass_at_real_layer_sizes(real_size_quantized_model, threads):
+    """Hidden 1536, intermediate 8960: a 40-token prompt fed 7 tokens a call (``sync_cache``
+    with ``most``: a server's prefill in parts between other requests' steps), then a block
+    of 9, equal bit for bit to one pass each."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model = BatchedModel(real_size_quantized_model)
+        ours, theirs = model.sequence(), model.sequence()
+        prompt = random_ids(32, 40, vocab=2048)
+        fed = []
+        while fed[-1:] != [0]:
+            fed.append(sync_cache(ours, prompt, most=7))
+        assert fed == [7, 7, 7, 7, 7, 5, 0] and ours.cached_token_ids == prompt
+        theirs.forward(prompt, last_only=True)
+        block = random_ids(33, 9, vocab=2048)
+        assert torch.equal(ours.forward(block), theirs.forward(block))
     finally:
         torch.set_num_threads(before)
 

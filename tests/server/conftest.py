@@ -26,7 +26,8 @@ def models(request):
 
 @pytest.fixture(scope="module")
 def server(models):
-    running = Running(*models, max_active=4, max_queue=32)
+    # prompts longer than 8 tokens join in parts between the other requests' steps
+    running = Running(*models, max_active=4, max_queue=32, prefill_rows=8)
     yield running
     running.close()
 

@@ -64,9 +64,11 @@ def common_prefix_length(cached: Sequence[int], tokens: Sequence[int]) -> int:
     return n
 
 
-def sync_cache(backend: Backend, tokens: Sequence[int]) -> bool:
+def sync_cache(backend: Backend, tokens: Sequence[int], most: int | None = None) -> int:
     """Make the cache hold exactly ``tokens``: keep the prefix it shares with them, feed the
-    rest. Returns whether a forward pass ran."""
+    rest. ``most``: feed at most that many (a part of a prefill; the cache then holds a
+    prefix of ``tokens``, and a later call goes on from it). Returns how many tokens a
+    forward pass fed (0: none ran)."""
     reuse = getattr(backend, "reuse_prefix", None)  # a backend that can copy a shared prefix
     if reuse is not None:
         keep = reuse(tokens)
@@ -74,9 +76,10 @@ def sync_cache(backend: Backend, tokens: Sequence[int]) -> bool:
         keep = common_prefix_length(backend.cached_token_ids, tokens)
         backend.truncate(keep)
     if keep == len(tokens):
-        return False
-    backend.forward(tokens[keep:], last_only=True)
-    return True
+        return 0
+    end = len(tokens) if most is None else min(len(tokens), keep + max(most, 1))
+    backend.forward(list(tokens[keep:end]), last_only=True)
+    return end - keep
 
 
 def eos_token_ids(model: Any, tokenizer: Any | None) -> set[int]:

@@ -16,7 +16,7 @@ from specdec.arguments import (
     k_value,
     port_value,
 )
-from specdec.config import DEFAULT_MAX_ROWS
+from specdec.config import DEFAULT_MAX_ROWS, DEFAULT_PREFILL_ROWS
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.runtime import HELP as RUNTIME_HELP
 from specdec.runtime import TRANSFORMERS_DTYPES, runtime_value
@@ -113,6 +113,14 @@ def add_parser(commands) -> None:
         f"(caps their k; default: {DEFAULT_MAX_ROWS})",
     )
     serve.add_argument(
+        "--prefill-rows",
+        type=int,
+        default=DEFAULT_PREFILL_ROWS,
+        help="prompt tokens a batched step prefills for the requests joining it: a longer "
+        "prompt is fed in parts between the other requests' steps, so their streams go on "
+        f"(0: every joining prompt whole at once; default: {DEFAULT_PREFILL_ROWS})",
+    )
+    serve.add_argument(
         "--no-batching",
         dest="batching",
         action="store_false",
@@ -204,8 +212,10 @@ def run(args: argparse.Namespace) -> int:
     from specdec.progress import progress_bar
     from specdec.server.setup import build_app, load_scheduler
 
-    if args.max_active < 1 or args.max_queue < 0 or args.max_rows < 1:
-        raise UsageError("--max-active and --max-rows must be >= 1 and --max-queue >= 0")
+    if args.max_active < 1 or args.max_queue < 0 or args.max_rows < 1 or args.prefill_rows < 0:
+        raise UsageError(
+            "--max-active and --max-rows must be >= 1, --max-queue and --prefill-rows >= 0"
+        )
     if args.replicas is None or args.address is None:  # a Ray cluster joined binds elsewhere
         check_listen(args.host, args.port)  # before the models load, not after
     if args.replicas is not None:
@@ -282,6 +292,7 @@ def server_config(args: argparse.Namespace, threads: int | None):
         max_rows=args.max_rows,
         batching=args.batching,
         prefix_sharing=args.prefix_sharing,
+        prefill_rows=args.prefill_rows or None,
         threads=threads,
         limits=limits,
         api_key=args.api_key or os.environ.get("SPECDEC_API_KEY") or None,

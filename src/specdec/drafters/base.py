@@ -66,8 +66,10 @@ class Drafter(Protocol):
         ...
 
     def prepare(self, context: Sequence[int]) -> None:
-        """Called once per request with the prompt, during prefill: a drafter with a cache
-        fills it here, so that drafting costs (which steer adaptive k) exclude it."""
+        """Called per request with the prompt, during prefill: a drafter with a cache
+        fills it here, so that drafting costs (which steer adaptive k) exclude it. A prefill
+        in parts (``Run.prefill_part``) calls it on longer and longer prefixes of the prompt
+        first: each call goes on from the last, ending as one call with the whole prompt."""
         ...
 
     def propose(

@@ -6,7 +6,9 @@ state. On the int8 and int4 runtimes (``backends/batched.py``) every step is one
 EVERY active request in one target pass (continuous batching, ``engine.step_together``):
 each drafts, the target scores all of them at once, each accepts its own count; finished
 requests leave and waiting ones join at the next step. ``max_rows`` caps the rows one pass
-scores, split evenly, so one request's k cannot slow the others. Whether a step drafts at
+scores, split evenly, so one request's k cannot slow the others; ``prefill_rows`` caps the
+prompt tokens a step prefills for joining requests, so a long prompt is fed in parts between
+the others' steps instead of stopping them for the whole of its prefill. Whether a step drafts at
 all is learned per batch size (``controller.BatchDrafting``): a batch decoding plainly
 already uses the compute that speculation uses alone. On other runtimes active requests
 advance one round each in turn. Either way a long request cannot starve a short one. At most
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from specdec.backends.base import Backend, Model
 from specdec.backends.batched import BatchedModel
 from specdec.backends.hf import model_of
-from specdec.config import DEFAULT_MAX_ROWS, SamplingParams, SpecConfig
+from specdec.config import DEFAULT_MAX_ROWS, DEFAULT_PREFILL_ROWS, SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
 from specdec.drafters import Drafter
 from specdec.drafters.recipe import (
@@ -83,6 +85,7 @@ class Scheduler:
         max_rows: int = DEFAULT_MAX_ROWS,
         batching: bool = True,
         prefix_sharing: bool = True,
+        prefill_rows: int | None = DEFAULT_PREFILL_ROWS,
     ):
         """``target_model``, ``draft_model``: ``backends.base.Model``s (each request gets
         its own sequence of them; a transformers module is taken as ``hf.model_of`` makes
@@ -90,7 +93,9 @@ class Scheduler:
         target model; each request gets its own drafter over its own backend.
         ``max_rows``: the rows one batched target pass may score. ``batching=False``:
         requests take turns even on int8 and int4 (for comparison). ``prefix_sharing``:
-        batched requests copy a prompt prefix another one's cache holds."""
+        batched requests copy a prompt prefix another one's cache holds. ``prefill_rows``:
+        batched, the prompt tokens one step prefills for joining requests (None: each
+        joining prompt whole)."""
         target_model, draft_model = _as_model(target_model, tokenizer), _as_model(draft_model)
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.batched = target_model if batching and isinstance(target_model, BatchedModel) else None
@@ -103,7 +108,7 @@ class Scheduler:
         for model in (self.batched, self.draft_batched):
             if model is not None:
                 model.share_prefixes = prefix_sharing
-        self.max_rows = max_rows
+        self.max_rows, self.prefill_rows = max_rows, prefill_rows
         self.heads = heads or {}
         self.default_drafter: str | None = None  # the recipe "auto" resolved to, if it was
         self.max_active, self.max_queue = max_active, max_queue
@@ -257,26 +262,38 @@ class Scheduler:
         self._deliver(job, chunk)
 
     def _step_batched(self, entries: list[_Active]) -> None:
-        """One round of every active job in one target pass; a job joining now is prefilled
-        first (alone: its prompt is one pass, less any prefix another request's cache holds,
-        which is copied: ``ModelSequence.reuse_prefix``)."""
+        """One round of every active job in one target pass. Jobs joining are prefilled
+        first, in the order they came, at most ``prefill_rows`` prompt tokens in all a step
+        (a prompt longer than that goes on at the next steps; a prefix another request's
+        cache holds is copied, not computed: ``ModelSequence.reuse_prefix``); a job whose
+        prefill is done joins the step."""
         assert self.batched is not None, "only with a batched model"
         jobs, runs = [], []
         reused = self.batched.reused_tokens
+        budget = self.prefill_rows
+        # A batch that does not draft at its size now leaves the draft's prefill to the
+        # first proposal (if the batch shrinks and drafts).
+        prepare_drafter = self.batch_drafting.prefers_drafting(len(entries))
         for entry in entries:
             if entry.job.cancelled.is_set():
                 self._release(entry.job)
                 continue
-            if entry.run is None:
+            if not entry.started:
                 try:
-                    entry.run = self._begin(entry.job)
-                    # A batch that does not draft at its size now leaves the draft's
-                    # prefill to the first proposal (if the batch shrinks and drafts).
-                    entry.run.start(self.batch_drafting.prefers_drafting(len(entries)))
+                    if entry.run is None:
+                        entry.run = self._begin(entry.job)
+                    if budget is not None:
+                        while budget > 0 and not entry.run.prefilled:
+                            budget -= max(entry.run.prefill_part(budget, prepare_drafter), 1)
+                        if not entry.run.prefilled:
+                            continue  # the rest at the next steps
+                    entry.run.start(prepare_drafter)
+                    entry.started = True
                 except Exception as error:
                     self._release(entry.job)
                     entry.job.put(error)
                     continue
+            assert entry.run is not None, "a started job has its run"
             jobs.append(entry.job)
             runs.append(entry.run)
         if self.batched.reused_tokens > reused:
@@ -314,4 +331,5 @@ class _Active:
 
     job: Job
     run: Run | None = None
+    started: bool = False  # batched: its prefill is done and it steps with the others
     rounds: Iterator[Chunk] | None = None

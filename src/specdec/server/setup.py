@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
-from specdec.config import DEFAULT_MAX_ROWS
+from specdec.config import DEFAULT_MAX_ROWS, DEFAULT_PREFILL_ROWS
 from specdec.server.app import create_app
 from specdec.server.guard import Limits
 from specdec.server.scheduler import Scheduler
@@ -34,6 +34,7 @@ class ServerConfig:
     max_rows: int = DEFAULT_MAX_ROWS  # rows one batched target pass may score
     batching: bool = True  # int8/int4: one target pass per step for every active request
     prefix_sharing: bool = True  # batched: copy a prompt prefix another request's cache holds
+    prefill_rows: int | None = DEFAULT_PREFILL_ROWS  # batched: prompt tokens a step prefills
     threads: int | None = None  # torch threads (None: torch's default)
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = None
@@ -110,6 +111,7 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
         max_rows=config.max_rows,
         batching=config.batching,
         prefix_sharing=config.prefix_sharing,
+        prefill_rows=config.prefill_rows,
     )
     scheduler.default_drafter = default_drafter
     return scheduler

@@ -1,0 +1,171 @@
+"""A joining prompt prefilled in parts between the other requests' steps (the scheduler's
+``prefill_rows``): the others keep getting a round every step, no step prefills more than
+its budget, and every output is what the request gives alone."""
+
+import pytest
+
+from helpers import backend, char_tokenizer, perturbed_copy, random_ids, tiny_llama
+from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends.batched import BatchedModel
+from specdec.backends.hf import model_of
+from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
+from specdec.drafters import ModelDrafter
+from specdec.engine import Run
+from specdec.server.scheduler import Job, Scheduler, _Active
+
+LONG = 150  # prompt tokens of the request that joins (the tiny model holds 256 positions)
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def pair(request):
+    make = {"int8": make_int8_batch_invariant, "int4": make_int4_batch_invariant}[request.param]
+    target = tiny_llama(seed=0)
+    draft = perturbed_copy(target, noise=0.03, seed=1)
+    return make(target), make(draft), char_tokenizer()
+
+
+class Recorded(Job):
+    """A job whose chunks go to a list (the scheduler's steps are driven by the test)."""
+
+    def put(self, item):
+        self.items.append(item)
+
+
+def params(max_tokens, seed, temperature) -> SamplingParams:
+    """Every request runs to ``max_tokens`` (the steps the test counts need it running)."""
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=True
+    )
+
+
+def job(prompt_ids, max_tokens, seed=None, temperature=0.0):
+    recorded = Recorded(
+        prompt_ids=prompt_ids,
+        params=params(max_tokens, seed, temperature),
+        spec=SpecConfig(k=3),
+        drafter="model",
+        loop=None,
+    )
+    recorded.items = []
+    return recorded
+
+
+def alone(pair, prompt_ids, max_tokens, seed=None, temperature=0.0) -> list[int]:
+    target, draft, tokenizer = pair
+    engine = Engine(backend(target, tokenizer), ModelDrafter(backend(draft)))
+    return engine.generate(
+        prompt_ids, params(max_tokens, seed, temperature), SpecConfig(k=3)
+    ).token_ids
+
+
+def tokens_of(recorded) -> list[int]:
+    return [t for item in recorded.items if item is not None for t in item.token_ids]
+
+
+@pytest.fixture
+def parts(monkeypatch) -> list[tuple[Run, int]]:
+    """Every ``Run.prefill_part`` call: the run and the prompt tokens it fed."""
+    calls = []
+    part = Run.prefill_part
+
+    def recorded(run, rows, prepare_drafter=True):
+        fed = part(run, rows, prepare_drafter)
+        calls.append((run, fed))
+        return fed
+
+    monkeypatch.setattr(Run, "prefill_part", recorded)
+    return calls
+
+
+def fed_in(parts, step) -> dict[Run, int]:
+    """Prompt tokens fed per run by the parts ``step()`` ran."""
+    before = len(parts)
+    step()
+    fed: dict[Run, int] = {}
+    for run, tokens in parts[before:]:
+        fed[run] = fed.get(run, 0) + tokens
+    return fed
+
+
+@pytest.mark.parametrize("rows", [8, 37])
+def test_a_long_prompt_joins_in_parts_while_the_running_request_keeps_stepping(pair, rows, parts):
+    target, draft, tokenizer = pair
+    scheduler = Scheduler(target, tokenizer, draft, prefill_rows=rows)
+    assert isinstance(scheduler.batched, BatchedModel)
+    running = _Active(job(random_ids(1, 12, vocab=30), 200, seed=5, temperature=0.9))
+    while not tokens_of(running.job):  # alone, in parts too, then its first round
+        scheduler._step_batched([running])
+    joining = _Active(job(random_ids(2, LONG, vocab=30), 20))
+    entries = [running, joining]
+    steps_to_join = 0
+    while not joining.started:
+        before_chunks = len(running.job.items)
+        fed = fed_in(parts, lambda: scheduler._step_batched(entries))
+        assert list(fed) == [joining.run] and 0 < fed[joining.run] <= rows  # within the budget
+        assert len(running.job.items) == before_chunks + 1  # the running one got its round
+        steps_to_join += 1
+    # the target's prompt (all but the last token), then the draft's if the batch drafts
+    assert steps_to_join >= (LONG - 1) // rows
+    while joining.job.items[-1] is not None or running.job.items[-1] is not None:
+        scheduler._step_batched([e for e in entries if e.job.items[-1:] != [None]])
+    assert tokens_of(running.job) == alone(pair, running.job.prompt_ids, 200, 5, 0.9)
+    assert tokens_of(joining.job) == alone(pair, joining.job.prompt_ids, 20)
+
+
+def test_joining_prompts_share_one_budget_a_step_in_the_order_they_came(pair, parts):
+    target, draft, tokenizer = pair
+    scheduler = Scheduler(target, tokenizer, draft, prefill_rows=16)
+    first, second = (_Active(job(random_ids(seed, 40, vocab=30), 8)) for seed in (3, 4))
+    fed = fed_in(parts, lambda: scheduler._step_batched([first, second]))
+    assert fed == {first.run: 16}  # the first came first and took the whole budget
+    steps = 1
+    while not (first.started and second.started):
+        fed = fed_in(parts, lambda: scheduler._step_batched([first, second]))
+        assert 0 < sum(fed.values()) <= 16
+        if not first.started:
+            assert second.run not in fed  # nothing for the second while the first is due
+        steps += 1
+    assert steps >= 2 * 39 // 16  # two prompts of 39 tokens for the target, 16 a step
+    for entry in (first, second):
+        while entry.job.items[-1:] != [None]:
+            scheduler._step_batched([entry])
+        assert tokens_of(entry.job) == alone(pair, entry.job.prompt_ids, 8)
+
+
+def test_without_a_budget_a_joining_prompt_is_prefilled_whole_in_its_first_step(pair):
+    target, draft, tokenizer = pair
+    scheduler = Scheduler(target, tokenizer, draft, prefill_rows=None)
+    entry = _Active(job(random_ids(6, LONG, vocab=30), 4))
+    scheduler._step_batched([entry])
+    assert entry.started and tokens_of(entry.job)
+    assert len(entry.run.target.cached_token_ids) >= LONG - 1
+
+
+def test_a_prefill_in_parts_leaves_the_caches_bit_for_bit_as_one_prefill(pair):
+    """The next pass's logits after parts of every size == after one prefill."""
+    target, draft, tokenizer = pair
+    prompt = random_ids(7, LONG, vocab=30)
+    params, spec = SamplingParams(max_tokens=4), SpecConfig(k=3)
+
+    def prefilled(rows):
+        target_seq = model_of(target, tokenizer).sequence()
+        draft_seq = model_of(draft).sequence()
+        run = Engine(target_seq, ModelDrafter(draft_seq)).begin(prompt, params, spec)
+        if rows is None:
+            run.start()
+        else:
+            parts = 0
+            while not run.prefilled:
+                assert run.prefill_part(rows) <= rows
+                parts += 1
+            assert parts >= 2 * (LONG - 1) // rows
+            run.start()  # feeds nothing more
+        assert run.target.cached_token_ids == prompt[:-1]
+        assert draft_seq.cached_token_ids == prompt[:-1]
+        return target_seq.forward(prompt[-1:]), draft_seq.forward(prompt[-1:])
+
+    whole = prefilled(None)
+    for rows in (1, 7, 64):
+        parts = prefilled(rows)
+        for a, b in zip(whole, parts, strict=True):
+            assert a.dtype == b.dtype and bool((a == b).all()), rows
