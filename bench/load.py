@@ -1,14 +1,17 @@
 """Continuous batching under load: `specdec serve` on the real default pair, 1 to 16 clients.
 
 python bench/load.py [--concurrency 2,4,8,16] [--workloads code,chat] [--max-tokens 48]
-                     [--modes batched,batched-no-prefix,turns] [--bursts 3] [--out DIR]
+                     [--modes batched,batched-no-prefix,batched-whole-prefill,turns]
+                     [--bursts 3] [--out DIR]
                      [--drafter RECIPE] [--runtime int4|int8] [--compare-generate]
 
 Each mode is one `specdec serve --max-active 16` process (the pair on --runtime, else on
 the runtimes serve chooses; the default drafter or --drafter's, k auto): `batched` as
 shipped (one target pass per step for every active request, the draft passes batched too,
 a prompt prefix another request's cache holds copied),
-`batched-no-prefix` with --no-prefix-sharing (every prompt computed in full), `turns` with
+`batched-no-prefix` with --no-prefix-sharing (every prompt computed in full),
+`batched-whole-prefill` with --prefill-rows 0 (each joining prompt prefilled whole in the
+step it joins, not in parts between steps), `turns` with
 --no-batching (requests take turns, one round each: the behaviour before continuous
 batching). After a warm-up request, each workload's prompts are
 sent one at a time (the solo runs: per-request reference text and speed), then, for each
@@ -46,6 +49,7 @@ MODEL = "qwen2.5-coder-1.5b-instruct"
 MODES = {
     "batched": [],
     "batched-no-prefix": ["--no-prefix-sharing"],
+    "batched-whole-prefill": ["--prefill-rows", "0"],
     "turns": ["--no-batching"],
 }
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 # requests, k up to 7 each). Measured on the int8 1.5B (AMD EPYC, 2 threads): 4 sequences x 5
 # rows 100 ms, 8 x 5 213 ms, against 50 ms for one 1-token step.
 DEFAULT_MAX_ROWS = 32
-# Prompt tokens a serving step prefills for the requests joining it (``server/scheduler.py``):
-# a longer prompt is fed in parts between the other requests' steps. One pass of
+# Prompt tokens a serving step prefills into each model for a request joining it
+# (``server/scheduler.py``): a longer prompt is fed in parts between the other requests'
+# steps. One pass of
 # ``BatchedModel.PASS_ROWS``: the shortest stall of the streams measured, for a later first
 # token of the long prompt (bench/results/2026-12-05-long-join-xeon-amx).
 DEFAULT_PREFILL_ROWS = 64

@@ -232,21 +232,22 @@ class Run:
     def prefill_part(self, rows: int, prepare_drafter: bool = True) -> int:
         """A part of ``start``'s prefill, so that a server can step other requests between
         the parts of a long prompt: at most ``rows`` more prompt tokens into the target's
-        cache or, once it holds the prompt, the drafter's (``Drafter.prepare`` on a longer
-        prefix of the prompt). Returns how many it fed; ``prefilled`` says when nothing is
-        left (``start`` then feeds nothing). The caches end as one prefill leaves them: bit
-        for bit on specdec's own runtimes, which compute every row as alone."""
+        cache and, once it holds the prompt, at most ``rows`` into the drafter's
+        (``Drafter.prepare`` on a longer prefix of the prompt). Returns how many it fed;
+        ``prefilled`` says when nothing is left (``start`` then feeds nothing). The caches
+        end as one prefill leaves them: bit for bit on specdec's own runtimes, which compute
+        every row as alone."""
         began = time.perf_counter()
         self.started = self.started or began
         fed = sync_cache(self.target, self.context[:-1], most=rows)
         if fed:
             self.stats.target_forwards += 1
+        target_done = len(self.target.cached_token_ids) == len(self.context) - 1
         drafts = prepare_drafter and self.speculation.will_draft()
-        if not fed and drafts and self._drafter_given < len(self.context):
+        if target_done and drafts and self._drafter_given < len(self.context):
             given = min(len(self.context), self._drafter_given + max(rows, 1))
             self.speculation.prepare(self.context[:given])
-            fed, self._drafter_given = given - self._drafter_given, given
-        target_done = len(self.target.cached_token_ids) == len(self.context) - 1
+            fed, self._drafter_given = fed + given - self._drafter_given, given
         self.prefilled = target_done and (not drafts or self._drafter_given == len(self.context))
         self.stats.prefill_seconds += time.perf_counter() - began
         return fed

@@ -1,6 +1,7 @@
 """A joining prompt prefilled in parts between the other requests' steps (the scheduler's
 ``prefill_rows``): the others keep getting a round every step, no step prefills more than
-its budget, and every output is what the request gives alone."""
+a part into each model, prompts that fit join at once, and every output is what the request
+gives alone."""
 
 import pytest
 
@@ -101,7 +102,8 @@ def test_a_long_prompt_joins_in_parts_while_the_running_request_keeps_stepping(p
     while not joining.started:
         before_chunks = len(running.job.items)
         fed = fed_in(parts, lambda: scheduler._step_batched(entries))
-        assert list(fed) == [joining.run] and 0 < fed[joining.run] <= rows  # within the budget
+        # a part into the target, or its last part and then one into the draft
+        assert list(fed) == [joining.run] and 0 < fed[joining.run] <= 2 * rows
         assert len(running.job.items) == before_chunks + 1  # the running one got its round
         steps_to_join += 1
     # the target's prompt (all but the last token), then the draft's if the batch drafts
@@ -112,21 +114,26 @@ def test_a_long_prompt_joins_in_parts_while_the_running_request_keeps_stepping(p
     assert tokens_of(joining.job) == alone(pair, joining.job.prompt_ids, 20)
 
 
-def test_joining_prompts_share_one_budget_a_step_in_the_order_they_came(pair, parts):
+def test_joining_prompts_advance_together_and_those_that_fit_join_at_once(pair, parts):
+    """Each joining request gets a part a step, so prompts that come together join
+    together (and decode in the same batched steps); one that fits its first part joins in
+    the step it came."""
     target, draft, tokenizer = pair
     scheduler = Scheduler(target, tokenizer, draft, prefill_rows=16)
     first, second = (_Active(job(random_ids(seed, 40, vocab=30), 8)) for seed in (3, 4))
-    fed = fed_in(parts, lambda: scheduler._step_batched([first, second]))
-    assert fed == {first.run: 16}  # the first came first and took the whole budget
+    short = _Active(job(random_ids(5, 12, vocab=30), 8))
+    fed = fed_in(parts, lambda: scheduler._step_batched([first, second, short]))
+    assert fed == {first.run: 16, second.run: 16, short.run: 11 + 12}  # target, then draft
+    assert short.started and tokens_of(short.job) and not (first.started or second.started)
     steps = 1
-    while not (first.started and second.started):
-        fed = fed_in(parts, lambda: scheduler._step_batched([first, second]))
-        assert 0 < sum(fed.values()) <= 16
-        if not first.started:
-            assert second.run not in fed  # nothing for the second while the first is due
+    while not first.started:
+        fed = fed_in(parts, lambda: scheduler._step_batched([first, second, short]))
+        assert set(fed) == {first.run, second.run} and fed[first.run] == fed[second.run]
+        assert all(tokens <= 2 * 16 for tokens in fed.values())
         steps += 1
-    assert steps >= 2 * 39 // 16  # two prompts of 39 tokens for the target, 16 a step
-    for entry in (first, second):
+    # 39 target tokens: 16, 16, 7; the draft's 39: 15 in that third step, 16, 8
+    assert second.started and steps == 5
+    for entry in (first, second, short):
         while entry.job.items[-1:] != [None]:
             scheduler._step_batched([entry])
         assert tokens_of(entry.job) == alone(pair, entry.job.prompt_ids, 8)
@@ -156,9 +163,13 @@ def test_a_prefill_in_parts_leaves_the_caches_bit_for_bit_as_one_prefill(pair):
         else:
             parts = 0
             while not run.prefilled:
-                assert run.prefill_part(rows) <= rows
+                before = len(target_seq.cached_token_ids), len(draft_seq.cached_token_ids)
+                fed = run.prefill_part(rows)
+                grew = len(target_seq.cached_token_ids) - before[0]
+                grew_draft = len(draft_seq.cached_token_ids) - before[1]
+                assert grew <= rows and grew_draft <= rows and grew + grew_draft <= fed
                 parts += 1
-            assert parts >= 2 * (LONG - 1) // rows
+            assert parts >= 2 * (LONG - 1) // rows - 1
             run.start()  # feeds nothing more
         assert run.target.cached_token_ids == prompt[:-1]
         assert draft_seq.cached_token_ids == prompt[:-1]

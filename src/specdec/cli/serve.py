@@ -116,9 +116,9 @@ def add_parser(commands) -> None:
         "--prefill-rows",
         type=int,
         default=DEFAULT_PREFILL_ROWS,
-        help="prompt tokens a batched step prefills for the requests joining it: a longer "
-        "prompt is fed in parts between the other requests' steps, so their streams go on "
-        f"(0: every joining prompt whole at once; default: {DEFAULT_PREFILL_ROWS})",
+        help="prompt tokens a batched step prefills into each model for a request joining "
+        "it: a longer prompt is fed in parts between the other requests' steps, so their "
+        f"streams go on (0: every joining prompt whole at once; default: {DEFAULT_PREFILL_ROWS})",
     )
     serve.add_argument(
         "--no-batching",

@@ -7,15 +7,15 @@ EVERY active request in one target pass (continuous batching, ``engine.step_toge
 each drafts, the target scores all of them at once, each accepts its own count; finished
 requests leave and waiting ones join at the next step. ``max_rows`` caps the rows one pass
 scores, split evenly, so one request's k cannot slow the others; ``prefill_rows`` caps the
-prompt tokens a step prefills for joining requests, so a long prompt is fed in parts between
-the others' steps instead of stopping them for the whole of its prefill. Whether a step drafts at
-all is learned per batch size (``controller.BatchDrafting``): a batch decoding plainly
-already uses the compute that speculation uses alone. On other runtimes active requests
-advance one round each in turn. Either way a long request cannot starve a short one. At most
-``max_active`` requests are decoded at once and ``max_queue`` wait; more are refused (the
-app answers 503). A request whose client went away is dropped at its next step, freeing its
-slot. Adaptive-k controllers are shared per drafter kind: what one request teaches about
-acceptance and costs helps the next.
+prompt tokens a step prefills into each model for a joining request, so a long prompt is fed
+in parts between the others' steps instead of stopping them for the whole of its prefill.
+Whether a step drafts at all is learned per batch size (``controller.BatchDrafting``): a
+batch decoding plainly already uses the compute that speculation uses alone. On other
+runtimes active requests advance one round each in turn. Either way a long request cannot
+starve a short one. At most ``max_active`` requests are decoded at once and ``max_queue``
+wait; more are refused (the app answers 503). A request whose client went away is dropped at
+its next step, freeing its slot. Adaptive-k controllers are shared per drafter kind: what
+one request teaches about acceptance and costs helps the next.
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ class Scheduler:
         ``max_rows``: the rows one batched target pass may score. ``batching=False``:
         requests take turns even on int8 and int4 (for comparison). ``prefix_sharing``:
         batched requests copy a prompt prefix another one's cache holds. ``prefill_rows``:
-        batched, the prompt tokens one step prefills for joining requests (None: each
-        joining prompt whole)."""
+        batched, the prompt tokens one step prefills into each model for a joining request
+        (None: each joining prompt whole)."""
         target_model, draft_model = _as_model(target_model, tokenizer), _as_model(draft_model)
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.batched = target_model if batching and isinstance(target_model, BatchedModel) else None
@@ -262,15 +262,14 @@ class Scheduler:
         self._deliver(job, chunk)
 
     def _step_batched(self, entries: list[_Active]) -> None:
-        """One round of every active job in one target pass. Jobs joining are prefilled
-        first, in the order they came, at most ``prefill_rows`` prompt tokens in all a step
-        (a prompt longer than that goes on at the next steps; a prefix another request's
-        cache holds is copied, not computed: ``ModelSequence.reuse_prefix``); a job whose
-        prefill is done joins the step."""
+        """One round of every active job in one target pass. Each job joining is prefilled
+        first, at most ``prefill_rows`` prompt tokens a step into each model's cache (a
+        longer prompt goes on at the next steps; a prefix another request's cache holds is
+        copied, not computed: ``ModelSequence.reuse_prefix``); a job whose prefill is done
+        joins the step. Prompts that fit join in the step they come, together."""
         assert self.batched is not None, "only with a batched model"
         jobs, runs = [], []
         reused = self.batched.reused_tokens
-        budget = self.prefill_rows
         # A batch that does not draft at its size now leaves the draft's prefill to the
         # first proposal (if the batch shrinks and drafts).
         prepare_drafter = self.batch_drafting.prefers_drafting(len(entries))
@@ -282,9 +281,8 @@ class Scheduler:
                 try:
                     if entry.run is None:
                         entry.run = self._begin(entry.job)
-                    if budget is not None:
-                        while budget > 0 and not entry.run.prefilled:
-                            budget -= max(entry.run.prefill_part(budget, prepare_drafter), 1)
+                    if self.prefill_rows is not None:
+                        entry.run.prefill_part(self.prefill_rows, prepare_drafter)
                         if not entry.run.prefilled:
                             continue  # the rest at the next steps
                     entry.run.start(prepare_drafter)

@@ -34,7 +34,7 @@ class ServerConfig:
     max_rows: int = DEFAULT_MAX_ROWS  # rows one batched target pass may score
     batching: bool = True  # int8/int4: one target pass per step for every active request
     prefix_sharing: bool = True  # batched: copy a prompt prefix another request's cache holds
-    prefill_rows: int | None = DEFAULT_PREFILL_ROWS  # batched: prompt tokens a step prefills
+    prefill_rows: int | None = DEFAULT_PREFILL_ROWS  # batched: a joiner's prefill a step, a model
     threads: int | None = None  # torch threads (None: torch's default)
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = None
