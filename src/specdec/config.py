@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 DEFAULT_MAX_ROWS = 32
 # Prompt tokens a serving step prefills into each model for a request joining it
 # (``server/scheduler.py``): a longer prompt is fed in parts between the other requests'
-# steps. One pass of
-# ``BatchedModel.PASS_ROWS``: the shortest stall of the streams measured, for a later first
-# token of the long prompt (bench/results/2026-12-05-long-join-xeon-amx).
+# steps. One pass of ``BatchedModel.PASS_ROWS``: the shortest stall of the streams measured,
+# for a later first token of the long prompt (bench/results/2026-12-05-long-join-xeon-amx).
 DEFAULT_PREFILL_ROWS = 64
 
 TREES = ("off", "auto", "full", "deep")

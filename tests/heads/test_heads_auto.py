@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from helpers import backend, tiny_llama
 from specdec.backends.quant.convert import make_int8_batch_invariant
 from specdec.heads import store
@@ -42,6 +44,30 @@ def test_server_drafts_with_heads_per_request(target_model, tokenizer, trained):
         fixed = body | {"drafter": "medusa/eagle", "num_speculative_tokens": 3}
         status, error = post(running, "/v1/completions", fixed)
         assert status == 400 and "must be 'auto'" in error["error"]["message"]
+    finally:
+        running.close()
+
+
+def test_heads_draft_after_a_prompt_prefilled_in_parts(target_model, tokenizer, trained):
+    """On a batched (int8) target a joining prompt is prefilled in parts of 4 tokens a step,
+    the heads' ``prepare`` called on longer prefixes (reading the target's kept features):
+    every drafter's output is still plain decoding's, and the heads draft."""
+    from servers import MODEL, Running, post
+
+    target = make_int8_batch_invariant(copy.deepcopy(target_model))
+    heads = {kind: trained[kind][0] for kind in KINDS}
+    running = Running(target, None, tokenizer, heads=heads, max_active=4, prefill_rows=4)
+    try:
+        assert running.scheduler.batched is not None
+        prompt = "the cat sat on the mat and the dog sat on the cat"
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 20, "temperature": 0}
+        status, plain = post(running, "/v1/completions", body | {"drafter": "none"})
+        assert status == 200, plain
+        for drafter in ("medusa", "eagle", "lookup+eagle"):
+            status, result = post(running, "/v1/completions", body | {"drafter": drafter})
+            assert status == 200, result
+            assert result["choices"][0]["text"] == plain["choices"][0]["text"], drafter
+            assert result["spec_stats"]["drafted_tokens"] > 0, drafter
     finally:
         running.close()
 
