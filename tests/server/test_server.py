@@ -185,10 +185,39 @@ def test_models_health_and_metrics(client, server):
         'specdec_seconds_total{phase="drafter"}',
         "specdec_request_latency_seconds_bucket",
         "specdec_time_to_first_token_seconds_bucket",
+        "specdec_chunk_gap_seconds_bucket",
         "specdec_tokens_per_second_bucket",
         "specdec_queue_length",
     ):
         assert name in text, name
+
+
+def test_the_gaps_between_a_requests_chunks_are_counted(client, server):
+    """specdec_chunk_gap_seconds: one observation per chunk after the first, streamed or
+    not, each at most the request's own time."""
+
+    def gaps() -> tuple[float, float]:
+        with urllib.request.urlopen(server.url + "/metrics") as response:
+            lines = response.read().decode().splitlines()
+        count = next(line for line in lines if line.startswith("specdec_chunk_gap_seconds_count"))
+        total = next(line for line in lines if line.startswith("specdec_chunk_gap_seconds_sum"))
+        return float(count.split()[-1]), float(total.split()[-1])
+
+    for stream in (False, True):
+        before = gaps()
+        began = time.perf_counter()
+        common = {"model": MODEL, "prompt": "gaps between chunks", "temperature": 0}
+        if stream:
+            pieces = list(client.completions.create(max_tokens=12, stream=True, **common))
+            rounds = pieces[-1].model_extra["spec_stats"]["rounds"]
+        else:
+            rounds = client.completions.create(max_tokens=12, **common).model_extra["spec_stats"][
+                "rounds"
+            ]
+        elapsed = time.perf_counter() - began
+        after = gaps()
+        assert rounds >= 2 and after[0] - before[0] == rounds - 1, (stream, rounds)
+        assert 0 <= after[1] - before[1] <= elapsed
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,13 @@ class ServerMetrics:
             buckets=_SECONDS,
             registry=r,
         )
+        self.chunk_gap = Histogram(
+            "specdec_chunk_gap_seconds",
+            "time between two consecutive chunks of a request (a round's tokens) as its handler "
+            "gets them: the pauses a streaming client sees",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
         self.tokens_per_second = Histogram(
             "specdec_tokens_per_second",
             "tokens/s per request",

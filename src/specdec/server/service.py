@@ -139,6 +139,7 @@ class Service:
                 self.stream(job, first, ttft, events), media_type="text/event-stream"
             )
         chunks = [first]
+        gaps = Gaps(self.metrics, since=job.submitted + ttft)
         try:
             while chunks[-1].finish_reason is None:
                 item = await self.next(job, request)
@@ -146,6 +147,7 @@ class Service:
                     break
                 if isinstance(item, Exception):
                     raise as_api_error(item)
+                gaps.chunk()
                 chunks.append(item)
         except ClientGone:
             return self.gone(job, chunks)
@@ -206,6 +208,7 @@ class Service:
     ) -> AsyncIterator[str]:
         chunks: list[Chunk] = []
         status = "disconnected"  # until the stream ends as it should
+        gaps = Gaps(self.metrics, since=job.submitted + ttft)
         try:
             if events.chat:
                 yield events.event(None, None, first_delta=True)
@@ -219,6 +222,7 @@ class Service:
                 item = await job.queue.get()
                 if item is END:
                     break
+                gaps.chunk()
                 if isinstance(item, Exception):
                     # The status line went out with the first chunk: the error is an event
                     # of the stream, which then ends as every stream does (vLLM's shape).
@@ -238,3 +242,17 @@ class Service:
             if status == "disconnected":
                 self.scheduler.cancel(job)  # the client went away: free the slot next round
             self.finish(job, chunks, ttft, status)
+
+
+class Gaps:
+    """The times between a request's consecutive chunks, as its handler gets them, into
+    ``specdec_chunk_gap_seconds`` (the wait for the first is the time to first token);
+    ``since``: when the handler got the first."""
+
+    def __init__(self, metrics: ServerMetrics, since: float) -> None:
+        self.metrics, self.last = metrics, since
+
+    def chunk(self) -> None:
+        now = time.perf_counter()
+        self.metrics.chunk_gap.observe(now - self.last)
+        self.last = now
