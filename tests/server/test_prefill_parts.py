@@ -139,6 +139,21 @@ def test_joining_prompts_advance_together_and_those_that_fit_join_at_once(pair, 
         assert tokens_of(entry.job) == alone(pair, entry.job.prompt_ids, 8)
 
 
+def test_a_request_cancelled_between_its_parts_is_dropped_and_the_others_go_on(pair, parts):
+    target, draft, tokenizer = pair
+    scheduler = Scheduler(target, tokenizer, draft, prefill_rows=8)
+    running = _Active(job(random_ids(8, 6, vocab=30), 40))
+    joining = _Active(job(random_ids(9, LONG, vocab=30), 8))
+    scheduler._step_batched([running, joining])
+    assert running.started and not joining.started
+    joining.job.cancelled.set()  # its client went away while its prompt was being read
+    fed = fed_in(parts, lambda: scheduler._step_batched([running, joining]))
+    assert joining.run not in fed and not joining.job.items  # dropped: no part, no chunk
+    while running.job.items[-1:] != [None]:
+        scheduler._step_batched([running])
+    assert tokens_of(running.job) == alone(pair, running.job.prompt_ids, 40)
+
+
 def test_without_a_budget_a_joining_prompt_is_prefilled_whole_in_its_first_step(pair):
     target, draft, tokenizer = pair
     scheduler = Scheduler(target, tokenizer, draft, prefill_rows=None)
