@@ -246,7 +246,10 @@ class Run:
         drafts = prepare_drafter and self.speculation.will_draft()
         if target_done and drafts and self._drafter_given < len(self.context):
             given = min(len(self.context), self._drafter_given + max(rows, 1))
-            self.speculation.prepare(self.context[:given])
+            if given < len(self.context):
+                self.speculation.prepare_part(self.context[:given])
+            else:  # the whole prompt: the drafter has followed the text
+                self.speculation.prepare(self.context)
             fed, self._drafter_given = fed + given - self._drafter_given, given
         self.prefilled = target_done and (not drafts or self._drafter_given == len(self.context))
         self.stats.prefill_seconds += time.perf_counter() - began

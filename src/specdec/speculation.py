@@ -90,6 +90,13 @@ class Speculation:
         self.drafter.prepare(context)
         self.fed = dict.fromkeys(self.members(), 0)
 
+    def prepare_part(self, prefix: Sequence[int]) -> None:
+        """A part of the drafter's prefill (``prefix``: a prefix of the prompt, prefills in
+        parts give longer ones in turn). Until ``prepare`` has had the whole prompt the
+        drafter counts as not having followed the text (it catches up apart)."""
+        assert self.drafter is not None, "only a request with a drafter prepares it"
+        self.drafter.prepare(prefix)
+
     # ---- a round ----------------------------------------------------------------------
 
     def round_policy(self) -> AdaptiveK | FallbackK | None:

@@ -195,3 +195,24 @@ def test_a_prefill_in_parts_leaves_the_caches_bit_for_bit_as_one_prefill(pair):
         parts = prefilled(rows)
         for a, b in zip(whole, parts, strict=True):
             assert a.dtype == b.dtype and bool((a == b).all()), rows
+
+
+def test_a_drafter_left_part_way_through_its_prefill_catches_up_apart(pair):
+    """A batch that stops drafting while a joining request's draft is part-way through the
+    prompt: the rest is left for later, and until the draft has had the whole prompt it
+    counts as never having followed the text, so its first drafting round catches up in a
+    pass of its own (``speculation.CATCH_UP_APART``), not inside a batched draft step."""
+    target, draft, tokenizer = pair
+    prompt = random_ids(10, LONG, vocab=30)
+    target_seq, draft_seq = model_of(target, tokenizer).sequence(), model_of(draft).sequence()
+    run = Engine(target_seq, ModelDrafter(draft_seq)).begin(
+        prompt, SamplingParams(max_tokens=8), SpecConfig(k=3)
+    )
+    while not draft_seq.cached_token_ids:
+        run.prefill_part(16)
+    assert 0 < len(draft_seq.cached_token_ids) < LONG - 1 and not run.prefilled
+    run.start(prepare_drafter=False)  # the batch is not drafting now
+    assert run.speculation.fed == {}  # not followed: the whole text is ahead of it
+    proposal, _ = run.propose()
+    assert run.speculation.sat_out == 0 and run.stats.drafter_seconds > 0  # caught up apart
+    assert proposal.token_ids and draft_seq.cached_token_ids[: LONG - 1] == prompt[:-1]
