@@ -208,7 +208,7 @@ class Run:
         self.context = list(prompt)
         self.generated: list[int] = []
         self.stats = SpecStats(prompt_tokens=len(prompt))
-        self.started = 0.0  # set by start() or the first prefill_part()
+        self.started = 0.0  # set by the first prefill_part() (start() is one)
         self.prefilled = False  # set by prefill_part()
         self._drafter_given = 0  # how much of the prompt the drafter's prefill has seen
 
@@ -224,28 +224,29 @@ class Run:
         """The prefill (what ``prefill_part`` has not fed yet); rounds follow.
         ``prepare_drafter=False``: the drafter's own prefill is left for its first proposal
         (a batch that is not drafting now)."""
-        began = time.perf_counter()
-        self.started = self.started or began
-        self._prefill(prepare_drafter)
-        self.stats.prefill_seconds += time.perf_counter() - began
+        self.prefill_part(None, prepare_drafter)
 
-    def prefill_part(self, rows: int, prepare_drafter: bool = True) -> int:
-        """A part of ``start``'s prefill, so that a server can step other requests between
-        the parts of a long prompt: at most ``rows`` more prompt tokens into the target's
-        cache and, once it holds the prompt, at most ``rows`` into the drafter's
-        (``Drafter.prepare`` on a longer prefix of the prompt). Returns how many it fed;
-        ``prefilled`` says when nothing is left (``start`` then feeds nothing). The caches
-        end as one prefill leaves them: bit for bit on specdec's own runtimes, which compute
-        every row as alone."""
+    def prefill_part(self, rows: int | None, prepare_drafter: bool = True) -> int:
+        """The prefill, or a part of it so that a server can step other requests between
+        the parts of a long prompt: at most ``rows`` (None: all) more prompt tokens into the
+        target's cache, reusing a prefix it holds, and, once it holds the prompt, at most
+        ``rows`` into the drafter's (``Drafter.prepare`` on a longer prefix of the prompt).
+        Returns how many it fed; ``prefilled`` says when nothing is left. The caches end as
+        one prefill leaves them: bit for bit on specdec's own runtimes, which compute every
+        row as alone. Timed as prefill, not as decode-phase costs."""
         began = time.perf_counter()
         self.started = self.started or began
         fed = sync_cache(self.target, self.context[:-1], most=rows)
         if fed:
             self.stats.target_forwards += 1
         target_done = len(self.target.cached_token_ids) == len(self.context) - 1
+        # A policy that has learned not to draft skips the draft's prefill; should it draft
+        # later, the drafter catches up on the context first (``speculation``: catching up).
         drafts = prepare_drafter and self.speculation.will_draft()
         if target_done and drafts and self._drafter_given < len(self.context):
-            given = min(len(self.context), self._drafter_given + max(rows, 1))
+            given = len(self.context)
+            if rows is not None:
+                given = min(given, self._drafter_given + max(rows, 1))
             if given < len(self.context):
                 self.speculation.prepare_part(self.context[:given])
             else:  # the whole prompt: the drafter has followed the text
@@ -254,16 +255,6 @@ class Run:
         self.prefilled = target_done and (not drafts or self._drafter_given == len(self.context))
         self.stats.prefill_seconds += time.perf_counter() - began
         return fed
-
-    def _prefill(self, prepare_drafter: bool = True) -> None:
-        """Bring the target cache to ``context[:-1]``, reusing a prefix it already holds, and
-        let the drafter fill its own cache. Timed as prefill, not as decode-phase costs."""
-        if sync_cache(self.target, self.context[:-1]):
-            self.stats.target_forwards += 1
-        # A policy that has learned not to draft skips the draft's prefill; should it draft
-        # later, the drafter catches up on the context first (``speculation``: catching up).
-        if prepare_drafter and self.speculation.will_draft():
-            self.speculation.prepare(self.context)
 
     def _round(self) -> Chunk:
         proposal, draft_seconds = self.propose()

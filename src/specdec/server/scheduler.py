@@ -281,16 +281,13 @@ class Scheduler:
                 try:
                     if entry.run is None:
                         entry.run = self._begin(entry.job)
-                    if self.prefill_rows is not None:
-                        entry.run.prefill_part(self.prefill_rows, prepare_drafter)
-                        if not entry.run.prefilled:
-                            continue  # the rest at the next steps
-                    entry.run.start(prepare_drafter)
-                    entry.started = True
+                    entry.run.prefill_part(self.prefill_rows, prepare_drafter)
                 except Exception as error:
                     self._release(entry.job)
                     entry.job.put(error)
                     continue
+                if not entry.run.prefilled:
+                    continue  # the rest at the next steps
             assert entry.run is not None, "a started job has its run"
             jobs.append(entry.job)
             runs.append(entry.run)
@@ -329,5 +326,9 @@ class _Active:
 
     job: Job
     run: Run | None = None
-    started: bool = False  # batched: its prefill is done and it steps with the others
     rounds: Iterator[Chunk] | None = None
+
+    @property
+    def started(self) -> bool:
+        """Batched: its prefill is done and it steps with the others."""
+        return self.run is not None and self.run.prefilled
