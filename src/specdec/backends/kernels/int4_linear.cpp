@@ -96,18 +96,32 @@ bool prefetch_into_l2() {
 }
 const bool kPrefetchIntoL2 = prefetch_into_l2();  // once, when the module loads
 
-inline void prefetch_ahead(const uint8_t* codes) {
-  for (int line = 0; line < kCodeBytes + 64; line += 64) {
-    // Arithmetic on the address as an integer: a pointer past the weight would be undefined.
-    const auto* ahead =
-        reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(codes) + kPrefetchBytes + line);
-    if (kPrefetchIntoL2) {
-      __builtin_prefetch(ahead, 0, 2);
-    } else {
-      __builtin_prefetch(ahead, 0, 3);
-    }
+constexpr int kPrefetchLines = (kCodeBytes + 64) / 64;  // a group's lines
+
+// Line ``line`` of the group kPrefetchGroups ahead of ``codes``.
+inline void prefetch_line(const uint8_t* codes, int line) {
+  // Arithmetic on the address as an integer: a pointer past the weight would be undefined.
+  const auto* ahead = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(codes) +
+                                                    kPrefetchBytes + 64 * line);
+  if (kPrefetchIntoL2) {
+    __builtin_prefetch(ahead, 0, 2);
+  } else {
+    __builtin_prefetch(ahead, 0, 3);
   }
 }
+
+inline void prefetch_ahead(const uint8_t* codes) {
+  for (int line = 0; line < kPrefetchLines; ++line) prefetch_line(codes, line);
+}
+
+// When: all of a group's lines before its products, except in the AVX-512 path's passes of
+// several rows on Intel, where they are asked for one at a time between the products of the
+// group's quads (``rows_avx512``): asked for at once, they kept the products waiting. On the
+// AMX Xeon (family 6 model 167, 2 threads, weights from DRAM) 8 rows of the 1536 x 8960
+// weight took 0.48-0.54 ms with the lines at once and 0.40-0.41 spread, and the 1.5B's verify
+// passes after 128 tokens cost v(5) 1.37-1.40 -> 1.26-1.33, v(8) 1.57-1.60 -> 1.40-1.44 steps;
+// one-row products are unchanged (bench/results/2026-12-05-prefetch-spread-xeon-amx). Not
+// measured on the EPYCs (prefetches into L1 there), which keep the lines asked for at once.
 
 // A pass's activations, quantized, laid out group by group: a kernel reaches every row of a
 // group from one address (row r at a fixed offset: no register a row for the compiler to
@@ -387,7 +401,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) inline 
   for (int64_t g = 0; g < a.groups; ++g) {
     const uint8_t* block = Layout<S>::codes(blocks, g);
     const int8_t* x = a.group_codes(g, r0);  // row r0 + r at x + 32 r
-    prefetch_ahead(block);
+    const bool spread = R > 1 && kPrefetchIntoL2;  // the lines between the quads (see above)
+    if (!spread) prefetch_ahead(block);
     __m512i codes[8];
     for (int q = 0; q < 4; ++q) {
       const __m512i packed = _mm512_loadu_si512(block + q * 64);
@@ -397,6 +412,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) inline 
     __m512i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
+      if (spread && j < kPrefetchLines) prefetch_line(block, j);
       for (int r = 0; r < R; ++r) {
         isum[r] = dpbusd_broadcast(isum[r], codes[j], x + r * kGroup + 4 * j);
       }
