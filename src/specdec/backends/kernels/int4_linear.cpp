@@ -398,10 +398,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) inline 
   const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const bool spread = R > 1 && kPrefetchIntoL2;  // the lines between the quads (see above)
   for (int64_t g = 0; g < a.groups; ++g) {
     const uint8_t* block = Layout<S>::codes(blocks, g);
     const int8_t* x = a.group_codes(g, r0);  // row r0 + r at x + 32 r
-    const bool spread = R > 1 && kPrefetchIntoL2;  // the lines between the quads (see above)
     if (!spread) prefetch_ahead(block);
     __m512i codes[8];
     for (int q = 0; q < 4; ++q) {
