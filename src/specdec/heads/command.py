@@ -310,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
     if args.heads_command == "list":
         return _list(args)
     check_args(args)  # before the target loads (seconds): a bad value costs one line
+    from specdec.allocator import keep_freed_memory
     from specdec.heads import store
     from specdec.heads.fingerprint import target_fingerprint
     from specdec.loading import load_backend
@@ -324,6 +325,9 @@ def run(args: argparse.Namespace) -> int:
         fingerprint = target_fingerprint(target.model)
         entry = store.entry_dir(args.cache_dir, fingerprint, args.target)
         data_dir = Path(args.data).expanduser() if args.data else entry / "data"
+        # after the load (a first run's conversion frees its own large blocks as it goes):
+        # training's tensors of 100+ MB would be faulted in afresh each time otherwise
+        keep_freed_memory()
         return _run_loaded(args, target, fingerprint, data_dir, entry, progress)
 
 
