@@ -25,7 +25,7 @@ def keep_freed_memory(limit: int = KEEP_BELOW) -> bool:
     """Serve blocks under ``limit`` bytes from malloc's heap and keep up to ``limit`` bytes
     of freed memory there (glibc only: elsewhere nothing changes). True where it was set.
     The process's resident memory then stays near its peak instead of falling between
-    steps, which is what a long training or data run wants."""
+    steps: right for a training run, which makes tensors of the same sizes every step."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     name = ctypes.util.find_library("c")
