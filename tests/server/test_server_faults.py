@@ -130,6 +130,7 @@ def test_a_failure_after_the_first_event_ends_the_stream_with_an_error_event(ser
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(Run, "finish_round", fails_after_two_tokens)
+    gaps_before = _gauge(server, "specdec_chunk_gap_seconds_count")
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     # greedy: 7 tokens before its EOS on float32 and int8, 30 on int4
     body = {"prompt": "fail here", "max_tokens": 30, "stream": True, "temperature": 0}
@@ -145,6 +146,9 @@ def test_a_failure_after_the_first_event_ends_the_stream_with_an_error_event(ser
     error = json.loads(events[-2].removeprefix("data: "))
     assert error["error"]["code"] == "internal_error" and "the worker failed" in str(error)
     assert any('"text"' in event for event in events[:-2])  # it had begun
+    # a gap is the wait between two chunks: the error is no chunk (as when not streamed)
+    texts = sum('"text"' in event for event in events[:-2])  # every chunk has text here
+    assert _gauge(server, "specdec_chunk_gap_seconds_count") - gaps_before == texts - 1
     status, _ = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2})
     assert status == 200  # and the server keeps serving
 

@@ -222,7 +222,6 @@ class Service:
                 item = await job.queue.get()
                 if item is END:
                     break
-                gaps.chunk()
                 if isinstance(item, Exception):
                     # The status line went out with the first chunk: the error is an event
                     # of the stream, which then ends as every stream does (vLLM's shape).
@@ -230,6 +229,7 @@ class Service:
                     yield responses.DONE
                     status = "error"
                     return
+                gaps.chunk()  # a chunk's: an error is none (as in the handler above)
             last = chunks[-1]
             extra = {
                 "usage": responses.usage(len(job.prompt_ids), chunks),
