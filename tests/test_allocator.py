@@ -3,7 +3,6 @@ child process so that this one's allocator is left as it was."""
 
 from __future__ import annotations
 
-import platform
 import subprocess
 import sys
 
@@ -31,9 +30,7 @@ libc.free(block)
 print(held, resident())
 """
 
-glibc = pytest.mark.skipif(
-    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc"
-)
+glibc = pytest.mark.skipif(not allocator.on_glibc(), reason="glibc's malloc")
 
 
 def _resident(mode: str) -> tuple[int, int]:

@@ -21,12 +21,17 @@ M_MMAP_THRESHOLD = -3
 KEEP_BELOW = 1 << 30  # blocks under 1 GiB come from the heap and stay there once freed
 
 
+def on_glibc() -> bool:
+    """Whether this process allocates through glibc's malloc (Linux with glibc)."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def keep_freed_memory(limit: int = KEEP_BELOW) -> bool:
     """Serve blocks under ``limit`` bytes from malloc's heap and keep up to ``limit`` bytes
     of freed memory there (glibc only: elsewhere nothing changes). True where it was set.
     The process's resident memory then stays near its peak instead of falling between
     steps: right for a training run, which makes tensors of the same sizes every step."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not on_glibc():
         return False
     name = ctypes.util.find_library("c")
     if name is None:
