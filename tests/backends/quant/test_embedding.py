@@ -41,8 +41,8 @@ def test_an_output_layer_quantized_from_pieces_is_the_whole(quantized):
 
 def test_rows_kept_between_lookups_stay_the_tables_rows(monkeypatch):
     """A step's few tokens come from rows kept since an earlier lookup (dequantized once,
-    the oldest dropped past the limit): the same bits, and a kept row is never the tensor
-    handed out (a caller writing into its rows cannot change the table)."""
+    the least recently used dropped past the limit): the same bits, and a kept row is never
+    the tensor handed out (a caller writing into its rows cannot change the table)."""
     from specdec.backends.quant import embedding as module
 
     monkeypatch.setattr(module, "CACHED_ROWS", 5)
@@ -66,3 +66,30 @@ def test_rows_kept_between_lookups_stay_the_tables_rows(monkeypatch):
     assert embedding(torch.zeros(1, 0, dtype=torch.long)).shape == (1, 0, 64)  # no tokens
     prompt = torch.arange(20).reshape(1, 20)  # more than a step's tokens: not kept
     assert torch.equal(embedding(prompt), whole[prompt]) and 19 not in embedding._kept
+
+
+def test_a_lookup_that_fills_the_kept_rows_keeps_its_own_tokens(monkeypatch):
+    """A lookup of a kept token together with new ones, when the new ones fill the kept rows:
+    the oldest row dropped may be the kept token's own, and the lookup still returns it (it
+    raised KeyError: a verify pass of `heads eval`, and of any long server session, once
+    more than CACHED_ROWS distinct tokens had been seen). A row looked up moves to the
+    newest end, so the rows in use are the last dropped."""
+    from specdec.backends.quant import embedding as module
+
+    monkeypatch.setattr(module, "CACHED_ROWS", 2)
+    table = np.random.default_rng(2).standard_normal((40, 64)).astype(np.float32)
+    ggml_type = gguf.GGMLQuantizationType["Q8_0"]
+    blocks = gguf.quants.quantize(table, ggml_type)
+    whole = torch.from_numpy(gguf.dequantize(blocks, ggml_type))
+    embedding = BlockEmbedding(torch.from_numpy(blocks.view(np.uint8)), ggml_type, 64)
+    for ids in ([[1]], [[2]], [[1, 3]], [[5, 6, 1]], [[7, 8, 9, 7]]):
+        assert torch.equal(embedding(torch.tensor(ids)), whole[torch.tensor(ids)]), ids
+        assert len(embedding._kept) <= 2
+    dequantized = []
+    real_rows = embedding._rows
+    monkeypatch.setattr(
+        embedding, "_rows", lambda tokens: dequantized.append(tokens) or real_rows(tokens)
+    )
+    for ids in ([[10]], [[11]], [[10]], [[12]], [[10]]):  # 10 used again: 11 goes first
+        assert torch.equal(embedding(torch.tensor(ids)), whole[torch.tensor(ids)]), ids
+    assert dequantized == [[10], [11], [12]]

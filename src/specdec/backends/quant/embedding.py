@@ -37,20 +37,22 @@ class BlockEmbedding(nn.Module):
         super().__init__()
         self.blocks, self.ggml_type = blocks, int(ggml_type)
         self.num_embeddings, self.embedding_dim = blocks.shape[0], embedding_dim
-        self._kept: dict[int, torch.Tensor] = {}  # token -> its row, oldest first
+        self._kept: dict[int, torch.Tensor] = {}  # token -> its row, least recently used first
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         tokens = ids.reshape(-1).tolist()
         if not 0 < len(tokens) <= CACHED_LOOKUP:
             return self._rows(tokens).reshape(*ids.shape, self.embedding_dim)
         with _kept_lock:
-            missing = [t for t in dict.fromkeys(tokens) if t not in self._kept]
-            if missing:
-                for token, row in zip(missing, self._rows(missing), strict=True):
-                    self._kept[token] = row
-                while len(self._kept) > CACHED_ROWS:
-                    del self._kept[next(iter(self._kept))]
-            rows = [self._kept[t] for t in tokens]
+            unique = list(dict.fromkeys(tokens))
+            missing = [t for t in unique if t not in self._kept]
+            fresh = dict(zip(missing, self._rows(missing), strict=True)) if missing else {}
+            # every row this lookup uses moves to the newest end
+            found = {t: fresh[t] if t in fresh else self._kept.pop(t) for t in unique}
+            self._kept.update(found)
+            while len(self._kept) > CACHED_ROWS:  # the least recently used go first
+                del self._kept[next(iter(self._kept))]
+            rows = [found[t] for t in tokens]  # this lookup's rows, whatever was dropped
         return torch.stack(rows).reshape(*ids.shape, self.embedding_dim)
 
     def _rows(self, tokens: list[int]) -> torch.Tensor:
