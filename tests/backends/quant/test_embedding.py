@@ -12,13 +12,28 @@ from specdec.backends.quant.int8 import RowInt8Linear
 gguf = pytest.importorskip("gguf")
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "F32"])
-def test_rows_looked_up_are_the_tables_rows_bit_for_bit(kind):
-    table = np.random.default_rng(0).standard_normal((40, 64)).astype(np.float32)
+def _embedding_and_table(kind: str, seed: int) -> tuple[BlockEmbedding, torch.Tensor]:
+    """A 40 x 64 random table in GGUF ``kind`` blocks, and the whole table dequantized."""
+    table = np.random.default_rng(seed).standard_normal((40, 64)).astype(np.float32)
     ggml_type = gguf.GGMLQuantizationType[kind]
     blocks = gguf.quants.quantize(table, ggml_type)
     whole = torch.from_numpy(gguf.dequantize(blocks, ggml_type))
-    embedding = BlockEmbedding(torch.from_numpy(blocks.view(np.uint8)), ggml_type, 64)
+    return BlockEmbedding(torch.from_numpy(blocks.view(np.uint8)), ggml_type, 64), whole
+
+
+def _dequantized_lookups(embedding: BlockEmbedding, monkeypatch) -> list[list[int]]:
+    """The tokens of every dequantizing call ``embedding`` makes from now on, in order."""
+    dequantized: list[list[int]] = []
+    real_rows = embedding._rows
+    monkeypatch.setattr(
+        embedding, "_rows", lambda tokens: dequantized.append(tokens) or real_rows(tokens)
+    )
+    return dequantized
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "F32"])
+def test_rows_looked_up_are_the_tables_rows_bit_for_bit(kind):
+    embedding, whole = _embedding_and_table(kind, seed=0)
     ids = torch.tensor([[3, 39, 0, 3], [7, 7, 21, 1]])
     assert torch.equal(embedding(ids), whole[ids])
     assert torch.equal(embedding.weight, whole)
@@ -46,16 +61,8 @@ def test_rows_kept_between_lookups_stay_the_tables_rows(monkeypatch):
     from specdec.backends.quant import embedding as module
 
     monkeypatch.setattr(module, "CACHED_ROWS", 5)
-    table = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)
-    ggml_type = gguf.GGMLQuantizationType["Q5_0"]
-    blocks = gguf.quants.quantize(table, ggml_type)
-    whole = torch.from_numpy(gguf.dequantize(blocks, ggml_type))
-    embedding = BlockEmbedding(torch.from_numpy(blocks.view(np.uint8)), ggml_type, 64)
-    dequantized = []
-    real_rows = embedding._rows
-    monkeypatch.setattr(
-        embedding, "_rows", lambda tokens: dequantized.append(tokens) or real_rows(tokens)
-    )
+    embedding, whole = _embedding_and_table("Q5_0", seed=1)
+    dequantized = _dequantized_lookups(embedding, monkeypatch)
     for ids in ([[3]], [[3, 9]], [[9, 3, 3]], [[1], [2]], [[30, 31, 32, 33]], [[3]]):
         looked_up = embedding(torch.tensor(ids))
         assert torch.equal(looked_up, whole[torch.tensor(ids)]), ids
@@ -77,19 +84,11 @@ def test_a_lookup_that_fills_the_kept_rows_keeps_its_own_tokens(monkeypatch):
     from specdec.backends.quant import embedding as module
 
     monkeypatch.setattr(module, "CACHED_ROWS", 2)
-    table = np.random.default_rng(2).standard_normal((40, 64)).astype(np.float32)
-    ggml_type = gguf.GGMLQuantizationType["Q8_0"]
-    blocks = gguf.quants.quantize(table, ggml_type)
-    whole = torch.from_numpy(gguf.dequantize(blocks, ggml_type))
-    embedding = BlockEmbedding(torch.from_numpy(blocks.view(np.uint8)), ggml_type, 64)
+    embedding, whole = _embedding_and_table("Q8_0", seed=2)
     for ids in ([[1]], [[2]], [[1, 3]], [[5, 6, 1]], [[7, 8, 9, 7]]):
         assert torch.equal(embedding(torch.tensor(ids)), whole[torch.tensor(ids)]), ids
         assert len(embedding._kept) <= 2
-    dequantized = []
-    real_rows = embedding._rows
-    monkeypatch.setattr(
-        embedding, "_rows", lambda tokens: dequantized.append(tokens) or real_rows(tokens)
-    )
+    dequantized = _dequantized_lookups(embedding, monkeypatch)
     for ids in ([[10]], [[11]], [[10]], [[12]], [[10]]):  # 10 used again: 11 goes first
         assert torch.equal(embedding(torch.tensor(ids)), whole[torch.tensor(ids)]), ids
     assert dequantized == [[10], [11], [12]]
