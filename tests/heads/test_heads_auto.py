@@ -91,6 +91,34 @@ def test_eval_predicts_every_k_from_its_own_pass_and_keeps_the_best():
     assert result["v"] == 2.6 and result["c_per_draft"] == 0.05
 
 
+def test_reply_agreement_drafts_from_the_first_reply_token_on():
+    """Hand-built: a drafter that gets the text right but for one token, against a target
+    whose argmax is the text (a greedy reply). Drafting starts once the prompt and the reply's
+    first token (the prefill's) are known, and each chain stops at its first rejection."""
+    import torch
+    from torch import nn
+
+    from specdec.drafters.base import Proposal
+    from specdec.heads.evaluate import Reply, reply_agreement
+
+    tokens = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]  # prompt 10 11, reply from 12
+    features = torch.nn.functional.one_hot(torch.tensor(tokens[1:]), 20).float()
+
+    class Target:
+        vocab_size = 20
+        model = type("M", (), {"get_output_embeddings": lambda self: nn.Identity()})()
+
+    class Drafter:
+        def propose(self, context, k):
+            truth = tokens[len(context) : len(context) + k]
+            return Proposal([0 if t == 15 else t for t in truth])  # always wrong at 15
+
+    reply = Reply("code", tokens, features, start=2)
+    agree = reply_agreement(lambda stored: Drafter(), Target(), [reply], max_k=2)
+    # drafts from index 3 on: (13 14) (14 x) (x) (16 17) (17 18), x the wrong 15
+    assert agree.trials == [5, 4] and agree.accepted == [4, 3]
+
+
 def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     from specdec.heads.load import NO_HEADS, auto_recipe
 
@@ -121,12 +149,28 @@ def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     store.save_eval(entry, "model", {"predicted_speedup": 1.6})
     recipe, why = auto_recipe(target, str(tmp_path), "tiny")
     assert recipe == "lookup+eagle" and "eagle 2.10x, model 1.60x" in why
+    assert "--systems lookup+model-auto,lookup+eagle-auto" in why  # how to check it
     # serve's auto leaves lookup out (it ran behind under load on chat)
     assert auto_recipe(target, str(tmp_path), "tiny", lookup_in_front=False)[0] == "eagle"
+    # Predictions on the target's replies to unseen prompts are compared where every
+    # drafter has one (the held-out chunks are the heads' own sources and favour them)
+    unseen = {"unseen_prompts": {"predicted_speedup": 1.2}}
+    store.save_eval(entry, "eagle", {"predicted_speedup": 2.1} | unseen)
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "lookup+eagle" and "again predicts on unseen prompts" in why  # model's old
+    store.save_eval(
+        entry, "model", {"predicted_speedup": 1.6, "unseen_prompts": {"predicted_speedup": 1.5}}
+    )
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "lookup+model" and "replies to unseen prompts" in why
+    assert "eagle 1.20x, model 1.50x" in why
+    store.save_eval(entry, "eagle", {"predicted_speedup": 2.1})
+    store.save_eval(entry, "model", {"predicted_speedup": 1.6})
     store.save_eval(entry, "medusa", {"predicted_speedup": 3.0})  # evaluated, then deleted
     assert auto_recipe(target, str(tmp_path), "tiny", can_choose=False)[0] == "lookup+eagle"
     store.save_eval(entry, "model", {"predicted_speedup": 2.5})
-    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "lookup+model"
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "lookup+model" and "--workload-file" not in why  # the model kept: no hint
 
 
 def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, trained):
@@ -149,11 +193,15 @@ def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, train
     store.save_eval(entry, "eagle", {"predicted_speedup": 1.2})
     store.save_eval(entry, "model", {"predicted_speedup": 1.5})
     recipe, why = auto_recipe(target, str(tmp_path), "tiny")
-    assert recipe == "lookup+model" and "(int8 target): eagle 1.20x, model 1.50x" in why
+    assert (
+        recipe == "lookup+model" and "(int8 target, " in why and "eagle 1.20x, model 1.50x" in why
+    )
     store.save_eval(entry, "eagle", {"predicted_speedup": 1.4}, "int4")
     store.save_eval(entry, "model", {"predicted_speedup": 1.1}, "int4")
     recipe, why = auto_recipe(target, str(tmp_path), "tiny", can_choose=False)
-    assert recipe == "lookup+eagle" and "(int4 target): eagle 1.40x, model 1.10x" in why
+    assert (
+        recipe == "lookup+eagle" and "(int4 target, " in why and "eagle 1.40x, model 1.10x" in why
+    )
     listing = "\n".join(store.list_entries(str(tmp_path)))
     assert "int4 target" in listing and "int8 target" in listing
     # Heads trained again: their old evaluations (every runtime) no longer count.

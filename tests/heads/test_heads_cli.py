@@ -45,6 +45,15 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
         assert main(["heads", "eval", "--kind", kind, "--max-k", "3", *common]) == 0
         result = json.loads(capsys.readouterr().out)
         assert len(result["acceptance_by_position"]) == 3 and result["c_per_draft"] > 0
+        # and on the target's replies to the shipped unseen prompts, kept for the next eval
+        # (those that fit the tiny target's context of 256 tokens: its tokenizer's tokens
+        # are short, and the long edit and summary prompts do not)
+        unseen = result["unseen_prompts"]
+        kept = next((tmp_path / "cache" / "heads").glob("*/data/unseen-replies-float32.json"))
+        replies = json.loads(kept.read_text())["replies"]
+        assert unseen["prompts"] == len(replies) >= 3 and "unseen-code-0" in replies
+        assert len(unseen["acceptance_by_position"]) == 3 and unseen["predicted_speedup"] > 0
+        assert {"code", "chat"} <= set(unseen["by_kind"]) <= {"code", "chat", "edit", "summary"}
         # --positions: every held-out chunk drafts from that many positions (first draft)
         assert main(["heads", "eval", "--kind", kind, "--positions", "5", *common]) == 0
         result = json.loads(capsys.readouterr().out)
@@ -58,6 +67,7 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
     assert main(["heads", "list"]) == 0
     listing = capsys.readouterr().out
     assert "medusa" in listing and "eagle" in listing and "predicted speedup" in listing
+    assert "on replies to unseen prompts" in listing
     assert f"min ({training_precision()}), unroll 2" in listing  # EAGLE with --unroll 2
 
     outputs = {}

@@ -46,6 +46,35 @@ def test_no_builtin_prompt_is_on_a_topic_of_the_chat_benchmark():
         assert not hits, (prompt, hits)
 
 
+def test_the_unseen_prompts_are_in_no_training_data_and_no_benchmark():
+    """``heads eval``'s unseen prompts (what --drafter auto compares) are neither built-in
+    chat requests nor the benchmark's prompts, and cover its four kinds of request."""
+    from specdec.heads.evaluate import UNSEEN_PROMPTS
+
+    unseen = [json.loads(line) for line in UNSEEN_PROMPTS.read_text().splitlines()]
+    workloads = resources.files("specdec.bench") / "workloads"
+    bench = {
+        json.loads(line)["prompt"]
+        for shipped in workloads.iterdir()
+        if shipped.name.endswith(".jsonl")
+        for line in shipped.read_text().splitlines()
+    }
+    builtin = set(builtin_prompts())
+    assert len({u["id"] for u in unseen}) == len(unseen) == 12
+    assert {u["id"].split("-")[1] for u in unseen} == {"code", "chat", "edit", "summary"}
+    for u in unseen:
+        assert u["prompt"] not in bench and u["prompt"] not in builtin, u["id"]
+        assert u["template"] in ("raw", "chat")
+        # nor does a benchmark prompt share its subject: a code prompt's first line (the
+        # signature), a request's text or code below its instruction
+        assert not any(_subject(u["prompt"]) == _subject(b) for b in bench), u["id"]
+
+
+def _subject(prompt: str) -> str:
+    first, _, rest = prompt.partition("\n")
+    return rest.strip() if first[:1].isupper() and rest.strip() else first
+
+
 @pytest.fixture(scope="module", params=["int8", "int4"])
 def quantized_target(request, tokenizer):
     model = tiny_llama(seed=0)

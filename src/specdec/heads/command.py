@@ -178,10 +178,13 @@ def add_parser(commands, parser_class) -> None:
 
     evaluate = sub.add_parser(
         "eval",
-        help="held-out agreement with the target, chain acceptance, predicted speedup",
-        description="On the held-out chunks: per-position top-1 agreement of greedy chain "
-        "drafts with the target, the acceptance it implies, the draft's measured cost per "
-        "token against a target step (c), and the speedup the paper's formula predicts.",
+        help="agreement with the target on held-out and unseen text, predicted speedup",
+        description="On the held-out chunks, and on the target's greedy replies to 12 "
+        "prompts no drafter trained on (written once, kept in the data directory): "
+        "per-position top-1 agreement of greedy chain drafts with the target, the "
+        "acceptance it implies, the draft's measured cost per token against a target step "
+        "(c), and the speedup the paper's formula predicts. --drafter auto compares the "
+        "prediction on the unseen prompts.",
     )
     evaluate.add_argument(
         "--kind",

@@ -1,4 +1,5 @@
-"""``specdec heads eval``: how well trained heads draft for their target, on held-out text.
+"""``specdec heads eval``: how well trained heads draft for their target, on held-out text
+and on the target's own replies to prompts no drafter trained on.
 
 Agreement is measured with the real drafter objects reading the stored features, greedily:
 at a position p of a held-out chunk the target has scored t_0..t_p and the next token
@@ -8,6 +9,12 @@ target's argmax after draft j is known only while the drafts follow the chunk's 
 the acceptance rate of draft j is measured over positions where drafts 1..j-1 were accepted
 and equal the text (the greedy chain the engine would run). Costs are timed on the loaded
 target: a chain of k drafts against a one-token step and a (k+1)-token pass, interleaved.
+
+Held-out chunks come from the heads' own training sources (the standard library, the built-in
+chat requests), which favours the heads over the draft model. So the same agreement is also
+measured on the target's greedy replies to ``UNSEEN_PROMPTS`` (code completions, questions,
+edits and summaries that neither the heads' data nor the bench's workloads hold), and that
+prediction is what ``--drafter auto`` compares (``heads.load``).
 """
 
 from __future__ import annotations
@@ -24,10 +31,14 @@ from pathlib import Path
 import torch
 
 from specdec.heads import data, store
+from specdec.heads.fingerprint import target_fingerprint
 from specdec.heads.load import load_heads
 from specdec.theory import expected_tokens_per_round_by_position
 
 POSITIONS_PER_CHUNK = 48
+UNSEEN_PROMPTS = Path(__file__).parent.parent / "data" / "unseen_prompts.jsonl"
+UNSEEN_REPLY_TOKENS = 96
+MIN_REPLY = 16  # tokens: a reply shorter than this leaves too few positions to draft at
 
 
 class StoredTarget:
@@ -69,17 +80,44 @@ def agreement(make_drafter, target, held: data.Shard, max_k: int, positions: int
     """Greedy chain acceptance per draft position on held-out chunks of the drafter
     ``make_drafter(backend)`` makes (heads read the stored features through ``backend``; a
     draft model ignores it and follows the text in its own cache)."""
+    generator = torch.Generator().manual_seed(0)
+    texts = []
+    for tokens, features in zip(held.tokens.tolist(), held.features, strict=True):
+        starts = torch.randperm(len(tokens) - max_k - 2, generator=generator)[:positions]
+        texts.append((tokens, features, sorted(starts.tolist())))
+    return _agreement(make_drafter, target, texts, max_k)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The target's greedy reply to one of ``UNSEEN_PROMPTS``: prompt and reply token ids,
+    the target's features of every position but the last, where the reply starts."""
+
+    kind: str  # code, chat, edit or summary
+    tokens: list[int]
+    features: torch.Tensor
+    start: int
+
+
+@torch.inference_mode()
+def reply_agreement(make_drafter, target, replies: Sequence[Reply], max_k: int) -> Agreement:
+    """``agreement`` over every position of each reply (drafting from its prompt on)."""
+    texts = [
+        (r.tokens, r.features, list(range(r.start - 1, len(r.tokens) - max_k - 2))) for r in replies
+    ]
+    return _agreement(make_drafter, target, texts, max_k)
+
+
+def _agreement(make_drafter, target, texts, max_k: int) -> Agreement:
+    """Acceptance per draft position over ``texts``: (token ids, features, positions)."""
     stored = StoredTarget(target.model, target.vocab_size)
     head = target.model.get_output_embeddings()
     accepted, trials = [0] * max_k, [0] * max_k
-    generator = torch.Generator().manual_seed(0)
-    for tokens, features in zip(held.tokens.tolist(), held.features, strict=True):
+    for tokens, features, starts in texts:
         features = features.float()
-        length = len(tokens)
         argmax = torch.cat([head(rows).argmax(-1) for rows in features.split(128)]).tolist()
-        starts = torch.randperm(length - max_k - 2, generator=generator)[:positions].sort()
-        drafter = make_drafter(stored)  # fresh per chunk: a drafter's cache follows one text
-        for p in starts.values.tolist():
+        drafter = make_drafter(stored)  # fresh per text: a drafter's cache follows one text
+        for p in starts:
             stored.show(tokens[: p + 1], features[: p + 1])
             drafts = drafter.propose(tokens[: p + 2], max_k).token_ids
             for j, token in enumerate(drafts):
@@ -90,6 +128,53 @@ def agreement(make_drafter, target, held: data.Shard, max_k: int, positions: int
                 if token != tokens[p + 2 + j]:
                     break  # accepted, but the text goes elsewhere: later drafts unobservable
     return Agreement(accepted, trials)
+
+
+def unseen_replies(
+    target, data_dir: Path, runtime: str, reply_tokens: int, progress=None
+) -> list[Reply]:
+    """The target's greedy replies to ``UNSEEN_PROMPTS`` (chat prompts in the target's chat
+    template where it has one, else raw), with its features from one prefill pass each; a
+    reply ends where the target's context does, and a prompt that leaves no room for
+    ``MIN_REPLY`` tokens is left out. The replies' token ids are kept in ``data_dir`` per
+    runtime (int4 and int8 round apart), so a second evaluation only prefills."""
+    from specdec import Engine, SamplingParams
+    from specdec.prompting import encode_prompt
+
+    saved = data_dir / f"unseen-replies-{runtime}.json"
+    fingerprint = target_fingerprint(target.model)
+    kept = json.loads(saved.read_text()) if saved.is_file() else {}
+    if kept.get("fingerprint") != fingerprint or kept.get("reply_tokens") != reply_tokens:
+        kept = {"fingerprint": fingerprint, "reply_tokens": reply_tokens, "replies": {}}
+    chat = bool(getattr(target.tokenizer, "chat_template", None))
+    replies = []
+    lines = UNSEEN_PROMPTS.read_text().splitlines()
+    for done, line in enumerate(lines):
+        if progress is not None:
+            progress("the target's replies to unseen prompts", done, len(lines))
+        prompt = json.loads(line)
+        template = prompt["template"] if chat else "raw"
+        ids = encode_prompt(target.tokenizer, prompt["prompt"], template)
+        room = reply_tokens if target.max_length is None else target.max_length - len(ids) - 1
+        if min(room, reply_tokens) < MIN_REPLY:
+            continue
+        tokens = kept["replies"].get(prompt["id"])
+        if tokens is None or tokens[: len(ids)] != ids:
+            params = SamplingParams(max_tokens=min(room, reply_tokens), temperature=0.0)
+            tokens = ids + Engine(target).generate(ids, params).token_ids
+            kept["replies"][prompt["id"]] = tokens
+        target.keep_hidden_states()
+        target.truncate(0)
+        target.forward(tokens[:-1])
+        kind = prompt["id"].split("-")[1]
+        replies.append(Reply(kind, tokens, target.hidden_states().clone(), len(ids)))
+    if progress is not None:
+        progress("the target's replies to unseen prompts", len(lines), len(lines))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    temporary = saved.with_suffix(".tmp")
+    temporary.write_text(json.dumps(kept))
+    temporary.replace(saved)
+    return replies
 
 
 def costs(make_drafter, target, prompt: list[int], max_k: int, repeats: int = 9) -> dict:
@@ -158,6 +243,34 @@ def summarize(agree: Agreement, timing: dict, max_k: int) -> dict:
     }
 
 
+def unseen_summary(make_drafter, target, replies: Sequence[Reply], timing: dict, max_k: int):
+    """What ``summarize`` says of the agreement on ``replies``, with each kind's first-draft
+    acceptance and predicted speedup."""
+    by_kind = {
+        kind: reply_agreement(make_drafter, target, [r for r in replies if r.kind == kind], max_k)
+        for kind in dict.fromkeys(r.kind for r in replies)
+    }
+    whole = summarize(_pooled(by_kind.values(), max_k), timing, max_k)
+    keys = ("acceptance_by_position", "expected_tokens_per_round", "best_k", "predicted_speedup")
+    summary: dict = {key: whole[key] for key in keys} | {"prompts": len(replies)}
+    summary["by_kind"] = {}
+    for kind, agree in by_kind.items():
+        result = summarize(agree, timing, max_k)
+        summary["by_kind"][kind] = {
+            "first_draft_acceptance": result["acceptance_by_position"][0],
+            "predicted_speedup": result["predicted_speedup"],
+        }
+    return summary
+
+
+def _pooled(parts, max_k: int) -> Agreement:
+    parts = list(parts)
+    return Agreement(
+        [sum(a.accepted[j] for a in parts) for j in range(max_k)],
+        [sum(a.trials[j] for a in parts) for j in range(max_k)],
+    )
+
+
 def check_args(args: argparse.Namespace) -> None:
     """``specdec heads eval``'s own arguments (checked before the target loads)."""
     if not 1 <= args.max_k <= 16:
@@ -203,10 +316,7 @@ def run_command(
         source: agreement(make_drafter, target, held.only(source), max_k, args.positions)
         for source in sorted(set(held.sources))
     }
-    agree = Agreement(
-        [sum(a.accepted[j] for a in by_source.values()) for j in range(max_k)],
-        [sum(a.trials[j] for a in by_source.values()) for j in range(max_k)],
-    )
+    agree = _pooled(by_source.values(), max_k)
     timing = costs(make_drafter, target, held.tokens[0, :256].tolist(), max_k)
     result = summarize(agree, timing, max_k)
     result["held_out_chunks"] = int(held.tokens.shape[0])
@@ -226,6 +336,8 @@ def run_command(
             | {"held_out_chunks": held.sources.count(source)}
             for source, part in by_source.items()
         }
+    replies = unseen_replies(target, data_dir, args.dtype, UNSEEN_REPLY_TOKENS, progress)
+    result["unseen_prompts"] = unseen_summary(make_drafter, target, replies, timing, max_k)
     result["target_runtime"] = args.dtype
     result["drafter"] = label if args.kind != "model" else f"{label} ({args.draft}, {runtime})"
     store.save_eval(entry, label, result, args.dtype)

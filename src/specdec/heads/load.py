@@ -134,9 +134,10 @@ def auto_recipe(
 def _auto_drafter(
     target, cache_dir: str | None, target_name: str, can_choose: bool
 ) -> tuple[str, str]:
-    """The drafter with the highest speedup predicted by
-    ``specdec heads eval`` on this machine (held-out acceptance, measured costs) among
-    trained heads and the draft model; ``model`` when no heads are trained or evaluated.
+    """The drafter with the highest speedup predicted by ``specdec heads eval`` on this
+    machine (acceptance on the target's replies to unseen prompts, else on held-out chunks;
+    measured costs) among trained heads and the draft model; ``model`` when no heads are
+    trained or evaluated.
 
     Where the draft model was evaluated too, the one predicted fastest drafts alone. A
     choice of both (``model/eagle``: each round the one measured faster) ran behind the
@@ -169,19 +170,47 @@ def _auto_drafter(
     if best != "model" and "model" not in predicted and predicted[best] <= 1.0:
         return "model", f"{best} heads are predicted at {predicted[best]:.2f}x only"
     listed = ", ".join(f"{kind} {speedup:.2f}x" for kind, speedup in sorted(predicted.items()))
-    why = f"predicted by 'specdec heads eval' on this machine ({runtime} target): {listed}"
+    basis = (
+        "the target's replies to unseen prompts"
+        if _on_unseen(evals, runtime, entry)
+        else "held-out text of the heads' training sources, which favours them; "
+        "'specdec heads eval' again predicts on unseen prompts"
+    )
+    why = f"predicted by 'specdec heads eval' on this machine ({runtime} target, {basis}): {listed}"
     if best != "model" and can_choose and "model" not in predicted:
         # no prediction to compare with: measure both online
         why += "; the draft model not evaluated ('specdec heads eval --kind model')"
         return f"model/{best}", f"{why}; both drafting, each round the one measured faster"
+    if best != "model" and "model" in predicted:
+        # which drafter is faster depends on the text, and online choices between the two ran
+        # behind the better one (docs/notes/heads.md, "Which drafter for which prompts")
+        why += (
+            "; to compare the two on your own prompts: specdec bench --workload-file FILE "
+            f"--systems lookup+model-auto,lookup+{best}-auto"
+        )
     return best, why
 
 
 def _predicted(evals: dict[tuple[str, str], dict], runtime: str, entry) -> dict[str, float]:
     """Predicted speedups by drafter kind of the evaluations made with a ``runtime`` target,
-    of drafters still there."""
+    of drafters still there: on the target's replies to unseen prompts where every one of
+    them measured those (``evaluate.UNSEEN_PROMPTS``), else on held-out chunks."""
+    results = _evaluated(evals, runtime, entry)
+    unseen = _on_unseen(evals, runtime, entry)
     return {
-        kind: float(result["predicted_speedup"])
+        kind: float((result["unseen_prompts"] if unseen else result)["predicted_speedup"])
+        for kind, result in results.items()
+    }
+
+
+def _on_unseen(evals: dict[tuple[str, str], dict], runtime: str, entry) -> bool:
+    results = _evaluated(evals, runtime, entry)
+    return bool(results) and all("unseen_prompts" in result for result in results.values())
+
+
+def _evaluated(evals: dict[tuple[str, str], dict], runtime: str, entry) -> dict[str, dict]:
+    return {
+        kind: result
         for (kind, evaluated_on), result in evals.items()
         if evaluated_on == runtime
         and "predicted_speedup" in result

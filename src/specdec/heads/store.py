@@ -251,8 +251,16 @@ def list_entries(cache_dir: str | None) -> list[str]:
 
 
 def _eval_summary(result: dict, runtime: str) -> str:
-    return (
+    summary = (
         f"; held out, {runtime} target: acceptance by position "
         f"{result.get('acceptance_by_position')}, "
         f"c = {result.get('c_per_draft')}, predicted speedup {result.get('predicted_speedup')}x"
     )
+    unseen = result.get("unseen_prompts")
+    if unseen:  # what --drafter auto compares
+        summary += (
+            f"; on replies to unseen prompts: acceptance by position "
+            f"{unseen.get('acceptance_by_position')}, predicted speedup "
+            f"{unseen.get('predicted_speedup')}x"
+        )
+    return summary
