@@ -119,6 +119,21 @@ def test_reply_agreement_drafts_from_the_first_reply_token_on():
     assert agree.trials == [5, 4] and agree.accepted == [4, 3]
 
 
+def test_unseen_replies_fit_the_targets_context(tmp_path, target_model, tokenizer):
+    """A reply ends where the target's context does; a prompt without room for one is left
+    out (and with none left, heads eval reports no prediction on unseen prompts)."""
+    from specdec.heads.evaluate import MIN_REPLY, unseen_replies
+
+    target = backend(target_model, tokenizer)
+    target.max_length = 120  # the character tokenizer's code prompts: 50-90 tokens
+    replies = unseen_replies(target, tmp_path, "float32", reply_tokens=400)
+    assert replies and all(len(r.tokens) <= target.max_length for r in replies)
+    assert all(r.features.shape[0] == len(r.tokens) - 1 for r in replies)
+    assert all(len(r.tokens) - r.start >= 1 for r in replies)
+    target.max_length = MIN_REPLY  # no prompt leaves room for a reply
+    assert unseen_replies(target, tmp_path / "small", "float32", reply_tokens=400) == []
+
+
 def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     from specdec.heads.load import NO_HEADS, auto_recipe
 

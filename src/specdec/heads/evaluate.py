@@ -337,7 +337,8 @@ def run_command(
             for source, part in by_source.items()
         }
     replies = unseen_replies(target, data_dir, args.dtype, UNSEEN_REPLY_TOKENS, progress)
-    result["unseen_prompts"] = unseen_summary(make_drafter, target, replies, timing, max_k)
+    if replies:  # none where the target's context holds no prompt with room for a reply
+        result["unseen_prompts"] = unseen_summary(make_drafter, target, replies, timing, max_k)
     result["target_runtime"] = args.dtype
     result["drafter"] = label if args.kind != "model" else f"{label} ({args.draft}, {runtime})"
     store.save_eval(entry, label, result, args.dtype)
