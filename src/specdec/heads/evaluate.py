@@ -146,6 +146,7 @@ def unseen_replies(
     kept = json.loads(saved.read_text()) if saved.is_file() else {}
     if kept.get("fingerprint") != fingerprint or kept.get("reply_tokens") != reply_tokens:
         kept = {"fingerprint": fingerprint, "reply_tokens": reply_tokens, "replies": {}}
+    written = 0  # replies written now: the file is rewritten only then
     chat = bool(getattr(target.tokenizer, "chat_template", None))
     replies = []
     lines = UNSEEN_PROMPTS.read_text().splitlines()
@@ -163,6 +164,7 @@ def unseen_replies(
             params = SamplingParams(max_tokens=min(room, reply_tokens), temperature=0.0)
             tokens = ids + Engine(target).generate(ids, params).token_ids
             kept["replies"][prompt["id"]] = tokens
+            written += 1
         target.keep_hidden_states()
         target.truncate(0)
         target.forward(tokens[:-1])
@@ -170,10 +172,11 @@ def unseen_replies(
         replies.append(Reply(kind, tokens, target.hidden_states().clone(), len(ids)))
     if progress is not None:
         progress("the target's replies to unseen prompts", len(lines), len(lines))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    temporary = saved.with_suffix(".tmp")
-    temporary.write_text(json.dumps(kept))
-    temporary.replace(saved)
+    if written:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        temporary = saved.with_suffix(".tmp")
+        temporary.write_text(json.dumps(kept))
+        temporary.replace(saved)
     return replies
 
 

@@ -161,9 +161,9 @@ def _auto_drafter(
     entry = store.entry_dir(cache_dir, target_fingerprint(target.model), target_name)
     evals = store.read_evals(entry)
     runtime = model_runtime(target.model)
-    predicted = _predicted(evals, runtime, entry)
+    predicted, on_unseen = _predicted(evals, runtime, entry)
     if not set(predicted) - {"model"} and runtime != "int8":
-        predicted, runtime = _predicted(evals, "int8", entry), "int8"
+        (predicted, on_unseen), runtime = _predicted(evals, "int8", entry), "int8"
     if not set(predicted) - {"model"}:
         return "model", NO_HEADS
     best = max(predicted, key=lambda kind: predicted[kind])
@@ -172,7 +172,7 @@ def _auto_drafter(
     listed = ", ".join(f"{kind} {speedup:.2f}x" for kind, speedup in sorted(predicted.items()))
     basis = (
         "the target's replies to unseen prompts"
-        if _on_unseen(evals, runtime, entry)
+        if on_unseen
         else "held-out text of the heads' training sources, which favours them; "
         "'specdec heads eval' again predicts on unseen prompts"
     )
@@ -191,31 +191,26 @@ def _auto_drafter(
     return best, why
 
 
-def _predicted(evals: dict[tuple[str, str], dict], runtime: str, entry) -> dict[str, float]:
+def _predicted(
+    evals: dict[tuple[str, str], dict], runtime: str, entry
+) -> tuple[dict[str, float], bool]:
     """Predicted speedups by drafter kind of the evaluations made with a ``runtime`` target,
-    of drafters still there: on the target's replies to unseen prompts where every one of
-    them measured those (``evaluate.UNSEEN_PROMPTS``), else on held-out chunks."""
-    results = _evaluated(evals, runtime, entry)
-    unseen = _on_unseen(evals, runtime, entry)
-    return {
-        kind: float((result["unseen_prompts"] if unseen else result)["predicted_speedup"])
-        for kind, result in results.items()
-    }
-
-
-def _on_unseen(evals: dict[tuple[str, str], dict], runtime: str, entry) -> bool:
-    results = _evaluated(evals, runtime, entry)
-    return bool(results) and all("unseen_prompts" in result for result in results.values())
-
-
-def _evaluated(evals: dict[tuple[str, str], dict], runtime: str, entry) -> dict[str, dict]:
-    return {
+    of drafters still there, and whether they are on the target's replies to unseen prompts
+    (``evaluate.UNSEEN_PROMPTS``: where every one of them measured those), else on held-out
+    chunks."""
+    results = {
         kind: result
         for (kind, evaluated_on), result in evals.items()
         if evaluated_on == runtime
         and "predicted_speedup" in result
         and (kind == "model" or store.current(entry, kind) is not None)
     }
+    unseen = bool(results) and all("unseen_prompts" in result for result in results.values())
+    predicted = {
+        kind: float((result["unseen_prompts"] if unseen else result)["predicted_speedup"])
+        for kind, result in results.items()
+    }
+    return predicted, unseen
 
 
 def eagle_on_int4(model: nn.Module) -> bool:
