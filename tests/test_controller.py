@@ -597,3 +597,18 @@ def test_a_round_that_explores_drafts_to_its_depth_whatever_the_confidence():
     controller.observe(Round(2, 2, [0.6, 0.6], 0.020, 0.029))
     assert controller.choose_k() >= 2, "today's 3-token pass, measured, makes deeper drafts pay"
     assert controller.keep_going([0.6])
+
+
+def test_a_bump_in_the_measured_costs_does_not_stop_every_round_before_it():
+    """The Zen 4 EPYC's table in the middle of an edit (ms): a 3-token pass measured slow
+    between a cheap 2-token and a 6-token pass, drafts accepted 95% of the time. The best
+    round drafts 5; a look one draft ahead (2 drafts cost more a token than 1) stopped every
+    round at its first draft, confident or not, and the 3-token pass was never measured
+    again. Deeper drafts must go on until no depth promises more."""
+    table = {1: 30.5, 2: 27.5, 3: 38.4, 4: 38.4, 5: 46.3, 6: 46.4, 7: 52.6, 8: 58.7, 9: 66.6}
+    controller = trained(0.95, 0.0092, {n: ms / 1000 for n, ms in table.items()})
+    assert controller.choose_k() == 5
+    assert controller.keep_going([1.0]), "the round's best depth lies past the bump"
+    assert controller.keep_going([1.0, 1.0, 1.0, 1.0])
+    assert not controller.keep_going([1.0, 1.0, 1.0, 1.0, 1.0]), "past the best depth"
+    assert not controller.keep_going([1.0, 0.02]), "an unlikely draft still ends the round"
