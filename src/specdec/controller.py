@@ -115,10 +115,8 @@ class AdaptiveK:
         expected rate than stopping here? Every depth up to ``max_k`` is weighed, not only
         the next: where the measured costs are not convex (one pass size measured slow, a
         bump between two cheap ones), a one-step look stops every round before the bump,
-        so the size behind it is never measured again. Seen in ``specdec bench`` on the Zen 4
-        EPYC: a 3-token pass measured at 38 ms beside 28 ms for 2 tokens and 46 ms for 6
-        stopped 27 rounds of an edit in a row at one draft, accepted 28 times of 29, while
-        ``choose_k`` asked for 5 (``bench/results/2026-12-06-keep-going-zen4-epyc-avx512``)."""
+        so the size behind it is never measured again, whatever ``choose_k`` asks for
+        (``bench/results/2026-12-06-keep-going-zen4-epyc-avx512``)."""
         n = len(confidences)
         if n >= self.max_k:
             return False
