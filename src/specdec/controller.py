@@ -122,18 +122,15 @@ class AdaptiveK:
             return False
         if self.draft_step_seconds is None or not self.pass_seconds or n < self.exploring:
             return True  # measuring first, or a round exploring one size deeper
-        reach, expected = 1.0, 1.0
-        for confidence in confidences:
-            reach *= self.acceptance_at(confidence)
-            expected += reach
-        here = expected / self.round_seconds(n)
-        acceptance = self.position_rates()
-        for depth in range(n, self.max_k):  # drafting on to depth + 1 tokens
-            reach *= acceptance[depth]
-            expected += reach
-            if expected / self.round_seconds(depth + 1) > here:
-                return True
-        return False
+        # the drafted tokens' calibrated acceptance, then the positions' rates (as choose_k)
+        acceptance = [self.acceptance_at(c) for c in confidences] + self.position_rates()[n:]
+
+        def rate(depth: int) -> float:
+            expected = expected_tokens_per_round_by_position(acceptance, depth)
+            return expected / self.round_seconds(depth)
+
+        here = rate(n)
+        return any(rate(depth) > here for depth in range(n + 1, self.max_k + 1))
 
     def siblings(self, confidences: list[float], second_confidences: list[float]) -> list[int]:
         """The depths at which a draft tree gets the draft's second choice as a leaf
