@@ -612,3 +612,52 @@ def test_a_bump_in_the_measured_costs_does_not_stop_every_round_before_it():
     assert controller.keep_going([1.0, 1.0, 1.0, 1.0])
     assert not controller.keep_going([1.0, 1.0, 1.0, 1.0, 1.0]), "past the best depth"
     assert not controller.keep_going([1.0, 0.02]), "an unlikely draft still ends the round"
+
+
+def _rounds(controller, rounds: int, batch: int, table: dict[int, tuple[float, float]]) -> None:
+    """``rounds`` rounds of each k in ``table`` (k -> draft step, pass seconds), all drafts
+    accepted, scored alone (``batch`` 1) or with ``batch`` - 1 other requests."""
+    for _ in range(rounds):
+        for k, (step, seconds) in table.items():
+            controller.observe(Round(k, k, None, step * k, seconds, batch=batch))
+
+
+# A request alone (Zen 4 EPYC, int4 pair: a 6.9 ms draft step, 1 row 23.6 ms, 6 rows 43.9)
+# and its shares of 8-request batched passes (2.8 ms a draft, 2-4 rows at 15.5-24.9 ms):
+# bench/results/2026-12-06-batch-costs-zen4-epyc-avx512.
+ALONE = {0: (0.0069, 0.0236), 5: (0.0069, 0.0439), 8: (0.0069, 0.0546)}
+IN_A_BATCH = {1: (0.0028, 0.0155), 2: (0.0028, 0.0194), 3: (0.0028, 0.0249)}
+
+
+def test_costs_in_a_batch_do_not_stand_for_a_request_alone():
+    """A burst of batched rounds, then one round alone: the request alone decides on what
+    rounds alone cost (the same table, draft step and k as a controller that never saw the
+    batch); back in a batch, on what batched rounds cost."""
+    seen_batch, alone_only = AdaptiveK(max_k=8), AdaptiveK(max_k=8)
+    for controller, bursts in ((seen_batch, True), (alone_only, False)):
+        _rounds(controller, 4, 1, ALONE)
+        if bursts:
+            _rounds(controller, 6, 8, IN_A_BATCH)
+        _rounds(controller, 1, 1, {5: ALONE[5]})
+        controller.position_counts = [[950.0, 1000.0] for _ in range(8)]  # the same acceptance
+        controller.rounds = 0  # no exploring round
+    assert seen_batch.pass_seconds == alone_only.pass_seconds
+    assert seen_batch.draft_step_seconds == pytest.approx(alone_only.draft_step_seconds)
+    assert seen_batch.choose_k() == alone_only.choose_k() >= 5
+    _rounds(seen_batch, 1, 8, {2: IN_A_BATCH[2]})
+    assert sorted(seen_batch.pass_seconds) == [2, 3, 4]  # rows of the batched rounds only
+    assert seen_batch.draft_step_seconds == pytest.approx(0.0028)
+
+
+def test_every_member_of_a_chain_decides_for_the_setting_of_the_last_round():
+    """A chain's members share one table alone and one in a batch, and all read the one of
+    the last round, whichever member drafted it: their rates are compared."""
+    chain = FallbackK(["lookup", "model"], max_k=8)
+    chain.observe("model", Round(3, 3, None, 0.02, 0.030))
+    chain.observe("model", Round(2, 2, None, 0.006, 0.019, batch=8))
+    lookup, model = chain.controllers["lookup"], chain.controllers["model"]
+    assert lookup.in_batch and model.in_batch
+    assert lookup.pass_seconds is model.pass_seconds and list(model.pass_seconds) == [3]
+    chain.observe("lookup", Round(4, 4, None, 0.0, 0.032))
+    assert not model.in_batch and model.pass_seconds == {4: 0.030, 5: 0.032}
+    assert model.draft_step_seconds == pytest.approx(0.02 / 3)

@@ -59,6 +59,18 @@ class Round:
     pass_seconds: float
     caught_up: bool = False
     rows: int | None = None  # rows the target's pass scored (None: k + 1, a chain's)
+    batch: int = 1  # requests the pass scored together (continuous batching: ``Costs``)
+
+
+@dataclass
+class Costs:
+    """What a draft step and the target's passes cost, by pass size, as measured in one
+    setting: a request alone, or in a batched pass with others (``AdaptiveK``)."""
+
+    draft_history: deque = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
+    draft_step_seconds: float | None = None
+    pass_seconds: dict[int, float] = field(default_factory=dict)  # block size -> seconds
+    pass_history: dict[int, deque] = field(default_factory=dict)  # block size -> recent seconds
 
 
 def _ema(old: float | None, new: float, weight: float) -> float:
@@ -72,10 +84,15 @@ class AdaptiveK:
     # Decayed (accepted, reached) pseudo-counts: per draft position, and per confidence bucket.
     position_counts: list[list[float]] = field(default_factory=list)
     bucket_counts: list[list[float]] = field(default_factory=list)
-    draft_step_seconds: float | None = None
-    pass_seconds: dict[int, float] = field(default_factory=dict)  # block size -> seconds
-    pass_history: dict[int, deque] = field(default_factory=dict)  # block size -> recent seconds
-    draft_history: deque = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
+    # Costs alone and in a batch, kept apart: in a batched pass a request is charged its
+    # share of the pass and of the lockstep draft passes (``engine.step_together``), a
+    # fraction of what the same sizes cost it alone. In one table, a request alone after a
+    # burst read the burst's shares beside its own costs and drafted too little until they
+    # aged out (``bench/results/2026-12-06-batch-costs-zen4-epyc-avx512``). Decisions read
+    # the table of the setting of the last round observed (``in_batch``).
+    solo: Costs = field(default_factory=Costs)
+    batched: Costs = field(default_factory=Costs)
+    in_batch: bool = False
     rounds: int = 0
     trusted_after: int = TRUSTED_AFTER  # 1: every measured size's own median (no optimism)
     exploring: int = 0  # this round's depth when it explores one deeper (choose_k), else 0
@@ -84,6 +101,32 @@ class AdaptiveK:
         self.position_counts = self.position_counts or [[0.0, 0.0] for _ in range(self.max_k)]
         # Buckets' prior (in _rate): a calibrated drafter, acceptance = its confidence.
         self.bucket_counts = self.bucket_counts or [[0.0, 0.0] for _ in range(BUCKETS)]
+
+    # ---- costs, in the setting decisions are made for ----------------------------------
+
+    @property
+    def costs(self) -> Costs:
+        return self.batched if self.in_batch else self.solo
+
+    @property
+    def pass_seconds(self) -> dict[int, float]:
+        return self.costs.pass_seconds
+
+    @pass_seconds.setter
+    def pass_seconds(self, table: dict[int, float]) -> None:
+        self.costs.pass_seconds = table
+
+    @property
+    def pass_history(self) -> dict[int, deque]:
+        return self.costs.pass_history
+
+    @property
+    def draft_step_seconds(self) -> float | None:
+        return self.costs.draft_step_seconds
+
+    @draft_step_seconds.setter
+    def draft_step_seconds(self, seconds: float | None) -> None:
+        self.costs.draft_step_seconds = seconds
 
     # ---- decisions ----------------------------------------------------------------
 
@@ -208,13 +251,15 @@ class AdaptiveK:
         """Update from one round: what was drafted, what survived, what it cost."""
         k, num_accepted, confidences = round_.k, round_.num_accepted, round_.confidences
         self.rounds += 1
-        if k > 0 and not (round_.caught_up and self.draft_step_seconds is not None):
-            self.draft_history.append(round_.draft_seconds / k)
-            self.draft_step_seconds = statistics.median(self.draft_history)
+        self.in_batch = round_.batch > 1
+        costs = self.costs
+        if k > 0 and not (round_.caught_up and costs.draft_step_seconds is not None):
+            costs.draft_history.append(round_.draft_seconds / k)
+            costs.draft_step_seconds = statistics.median(costs.draft_history)
         rows = round_.rows or k + 1
-        history = self.pass_history.setdefault(rows, deque(maxlen=COST_WINDOW))
+        history = costs.pass_history.setdefault(rows, deque(maxlen=COST_WINDOW))
         history.append(round_.pass_seconds)
-        self.pass_seconds[rows] = statistics.median(history)
+        costs.pass_seconds[rows] = statistics.median(history)
         for counts in self.position_counts + self.bucket_counts:
             counts[0] *= self.decay
             counts[1] *= self.decay
@@ -281,6 +326,7 @@ class DrafterChoice:
         choice, another may have chosen since); ``round_.caught_up``: the request's previous
         round was another member's, or drafted nothing."""
         self.rounds += 1
+        _set_setting(self.controllers, round_)
         self.controllers[member].observe(round_)
 
 
@@ -347,15 +393,27 @@ class FallbackK:
         is the last member's: it drafts whenever it is asked to (``member_k``)."""
         if member is None or round_.k == 0:
             member, round_ = self.members[-1], replace(round_, k=0)
+        _set_setting(self.controllers, round_)
         self.controllers[member].observe(round_)
 
 
+def _set_setting(controllers: dict[str, AdaptiveK], round_: Round) -> None:
+    """Every member decides next for the setting (alone or in a batch) of the last round,
+    whichever member drafted it: their rates are compared with one another."""
+    for controller in controllers.values():
+        controller.in_batch = round_.batch > 1
+
+
 def _member_controllers(members: list[str], max_k: int) -> dict[str, AdaptiveK]:
-    """One ``AdaptiveK`` per member, all with one table of the target's pass costs."""
-    passes: dict[int, float] = {}
-    history: dict[int, deque] = {}
+    """One ``AdaptiveK`` per member, all with one table of the target's pass costs (one
+    alone, one in a batch); each member's draft step its own."""
+    solo, batched = Costs(), Costs()
+
+    def costs(shared: Costs) -> Costs:
+        return Costs(pass_seconds=shared.pass_seconds, pass_history=shared.pass_history)
+
     return {
-        name: AdaptiveK(max_k=max_k, pass_seconds=passes, pass_history=history) for name in members
+        name: AdaptiveK(max_k=max_k, solo=costs(solo), batched=costs(batched)) for name in members
     }
 
 

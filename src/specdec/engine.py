@@ -277,10 +277,13 @@ class Run:
         logits: torch.Tensor,
         pass_seconds: float,
         observe: bool = True,
+        batch: int = 1,
     ) -> Chunk:
         """Verify the target's ``logits`` of ``scored_tokens(proposal)``, cut the target
         cache back to what was accepted, emit. ``observe=False``: a round the batch kept
-        from drafting; its costs say nothing about this run's own choice of k."""
+        from drafting; its costs say nothing about this run's own choice of k. ``batch``:
+        the requests whose rows the pass scored together (the k policy keeps their costs
+        apart from a request's alone)."""
         nodes = len(proposal.token_ids)
         self.stats.target_forwards += 1
         result = self._verify(proposal, logits)
@@ -303,7 +306,7 @@ class Run:
         if observe and proposal.drafter != FORCED:
             self.speculation.observe(
                 k, proposal, chain_accepted, draft_seconds, pass_seconds, self.stats.rounds - 1,
-                rows=nodes + 1,
+                rows=nodes + 1, batch=batch,
             )  # fmt: skip
         chunk = self._emit(result, proposal, logits)
         self.stats.total_seconds = time.perf_counter() - self.started
@@ -538,7 +541,7 @@ def step_together(
                 pass_share = pass_seconds * (k + 1) / rows_total
                 try:
                     results[i] = run.finish_round(
-                        proposal, draft_share, rows, pass_share, observe=drafting
+                        proposal, draft_share, rows, pass_share, drafting, len(pending)
                     )
                 except Exception as error:
                     results[i] = error

@@ -163,26 +163,35 @@ class Speculation:
         pass_seconds: float,
         round_index: int,
         rows: int | None = None,
+        batch: int = 1,
     ) -> None:
         """The verified round ``round_index`` (already counted), for the k policy (or the
         tree's shaper): ``k`` chain drafts, ``num_accepted`` of them accepted, a pass of
-        ``rows`` (None: k + 1)."""
+        ``rows`` (None: k + 1) scored together with ``batch`` - 1 other requests' rows."""
         policy = cast(AdaptiveK | None, self.policy or self.shaper)  # kinds override
         if policy is None:
             return
         policy.observe(
             self._round(
-                k, proposal, num_accepted, draft_seconds, pass_seconds, self.sat_out > 0, rows
+                k,
+                proposal,
+                num_accepted,
+                draft_seconds,
+                pass_seconds,
+                self.sat_out > 0,
+                rows,
+                batch,
             )
         )
 
     @staticmethod
     def _round(
-        k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up, rows=None
+        k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up, rows=None, batch=1
     ) -> Round:
         return Round(
-            k, num_accepted, proposal.confidences, draft_seconds, pass_seconds, caught_up, rows
-        )
+            k, num_accepted, proposal.confidences, draft_seconds, pass_seconds, caught_up, rows,
+            batch,
+        )  # fmt: skip
 
 
 class ChoiceSpeculation(Speculation):
@@ -223,12 +232,14 @@ class ChoiceSpeculation(Speculation):
         return self.drafter.members[self.member]
 
     def observe(
-        self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index, rows=None
-    ):
+        self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index, rows=None,
+        batch=1,
+    ):  # fmt: skip
         assert self.member is not None, "a round of a choice drafts with a member"
         measured = self._round(
-            k, proposal, num_accepted, draft_seconds, pass_seconds, self.sat_out > 0
-        )
+            k, proposal, num_accepted, draft_seconds, pass_seconds, self.sat_out > 0,
+            batch=batch,
+        )  # fmt: skip
         self.policy.observe(self.member, measured)
 
 
@@ -283,14 +294,15 @@ class ChainSpeculation(Speculation):
         )
 
     def observe(
-        self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index, rows=None
-    ):
+        self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index, rows=None,
+        batch=1,
+    ):  # fmt: skip
         if self.policy is None:
             return
         member = self.chain_member if k else None
         caught_up = self._record_feed(member, round_index)
         measured = self._round(
-            k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up, rows
+            k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up, rows, batch
         )
         self.policy.observe(member, measured)
 

@@ -435,6 +435,27 @@ def test_a_step_the_batch_policy_keeps_from_drafting_drafts_nothing(int8_model, 
     assert policy.rates[(3, False)] > 0
 
 
+def test_a_batch_teaches_its_costs_apart_from_a_request_alone(int8_model, int8_draft):
+    """Rounds scored in a batched pass of two requests go to the shared controller's batched
+    costs; a round alone (a batch of one) to its costs alone."""
+    from specdec.controller import AdaptiveK
+
+    batched, drafts = BatchedModel(int8_model), BatchedModel(int8_draft)
+    controller = AdaptiveK()
+    runs = []
+    for seed in range(2):
+        engine = Engine(batched.sequence(), ModelDrafter(drafts.sequence()), controller)
+        params = SamplingParams(max_tokens=12, temperature=0.0)
+        runs.append(engine.begin(random_ids(seed, 6), params, SpecConfig(k="auto")))
+        runs[-1].start()
+    step_together(runs, batched.forward_many)
+    assert controller.in_batch and controller.batched.pass_seconds
+    assert controller.batched.draft_step_seconds is not None
+    assert not controller.solo.pass_seconds and controller.solo.draft_step_seconds is None
+    step_together(runs[:1], batched.forward_many)
+    assert not controller.in_batch and controller.solo.pass_seconds
+
+
 def test_an_empty_step_is_no_pass():
     def forward_many(work):
         raise AssertionError("no pass for no runs")
