@@ -299,6 +299,29 @@ def test_batch_drafting_keeps_the_faster_choice_per_batch_size_and_explores():
     assert (1, False) not in policy.rates
 
 
+def test_a_batch_size_not_measured_starts_the_way_of_the_nearest_measured_size():
+    """8 requests measured faster without drafts: 5-7 start without them (no dear first
+    drafting step, every draft catching up) and try them every explore_every steps; 2-4,
+    nearer to one request alone (which drafts), are measured drafting first. Once 2 is
+    measured faster with drafts, 5 (as near to 2 as to 8) drafts too."""
+    from specdec.controller import BatchDrafting
+
+    policy = BatchDrafting(explore_every=5, samples=2)
+    for _ in range(2):
+        for drafting in (True, False):
+            policy.observe(8, drafting, *((24, 0.3) if drafting else (8, 0.075)))
+    assert not policy.prefers_drafting(8)
+    for n in (5, 6, 7):
+        assert not policy.prefers_drafting(n)
+        assert [policy.drafting(n) for _ in range(5)] == [False] * 4 + [True], "a try at 5"
+    assert [policy.prefers_drafting(n) for n in (2, 3, 4)] == [True] * 3
+    assert policy.drafting(3) is True, "measured, drafting first"
+    for _ in range(2):
+        policy.observe(2, True, 10, 0.1)  # 100 tok/s
+        policy.observe(2, False, 2, 0.04)  # 50 tok/s
+    assert policy.prefers_drafting(5) and not policy.prefers_drafting(6)
+
+
 def test_batch_drafting_tries_a_losing_way_ever_less_often_and_a_winning_one_again_soon():
     from specdec.controller import BatchDrafting
 

@@ -512,12 +512,32 @@ class BatchDrafting:
         """What a step of ``n`` requests does, exploration aside: the faster way when both
         are measured at this size; else not drafting if a smaller size measured both ways
         did better without (a batch that does better without drafts does so when larger
-        too; the converse does not hold); else drafting."""
+        too); else the way of the nearest size measured, one request counting as drafting
+        (its own controller decides), the smaller on a tie.
+
+        Why the nearest: a larger batch that does better without drafts suggests, without
+        proving, that a smaller one near it does too, and measuring a size drafting first
+        is dear there. The drafts of a batch that decoded plainly have not followed the
+        text (not even the prompt, when the batch did not draft as they joined), so the
+        first drafting step catches every one up in a pass of its own. Seen on the Zen 4
+        EPYC (``bench/load.py``, 8 clients): as requests finished, sizes 5-7 measured
+        drafting first, one step of 6 requests took 465 ms for 12 tokens where plain steps
+        of 8 made 138 tok/s (``bench/results/2026-12-06-batch-costs-zen4-epyc-avx512``).
+        A size that starts without drafts is tried with them every ``explore_every``
+        steps, as a measured one is."""
         if n <= 1:
             return True
         if self._measured(n):
             return self.rates[(n, True)] >= self.rates[(n, False)]
-        return not self._smaller_does_without(n)
+        if self._smaller_does_without(n):
+            return False
+        measured = [size for size in self._sizes() if self._measured(size)]
+        nearest = min([1, *measured], key=lambda size: (abs(size - n), size))
+        return nearest == 1 or self.rates[(nearest, True)] >= self.rates[(nearest, False)]
+
+    def _sizes(self) -> list[int]:
+        """The batch sizes measured either way."""
+        return sorted({size for size, _ in self.rates})
 
     def _measured(self, n: int) -> bool:
         return min(self.counts.get((n, True), 0), self.counts.get((n, False), 0)) >= self.samples
@@ -529,9 +549,9 @@ class BatchDrafting:
         )
 
     def _measuring(self, n: int) -> bool | None:
-        """Until this size is measured both ways (unless a smaller one showed that drafts
-        do not pay): the way with fewer steps measured, drafting first."""
-        if self._measured(n) or self._smaller_does_without(n):
+        """Until this size is measured both ways, where it starts with drafts
+        (``prefers_drafting``): the way with fewer steps measured, drafting first."""
+        if self._measured(n) or not self.prefers_drafting(n):
             return None
         return self.counts.get((n, True), 0) <= self.counts.get((n, False), 0)
 
