@@ -468,8 +468,8 @@ class BatchDrafting:
     on the 2-core EPYC (``bench/batch_burst.py``, code, int8 pair): 8 requests made 95
     tok/s without drafting, 75 with every request drafting (k auto); 1 request 21 vs 36;
     4 requests 70 vs 66. The crossover depends on the machine, the pair and the text, so it
-    is measured, not set: a batch size measures both ways (``samples`` steps each) unless a
-    smaller one showed that drafts do not pay, keeps the faster, and tries the other after
+    is measured, not set: a batch size measures both ways (``samples`` steps each) unless it
+    starts without drafts (``prefers_drafting``), keeps the faster, and tries the other after
     ``explore_every`` steps (evidence decays by ``decay`` a step). A try that finds the other
     way still slower doubles that size's wait for the next (up to ``explore_most`` steps); one
     that finds it faster brings the wait back to ``explore_every``. Why: a drafting step after
@@ -519,25 +519,20 @@ class BatchDrafting:
         proving, that a smaller one near it does too, and measuring a size drafting first
         is dear there. The drafts of a batch that decoded plainly have not followed the
         text (not even the prompt, when the batch did not draft as they joined), so the
-        first drafting step catches every one up in a pass of its own. Seen on the Zen 4
-        EPYC (``bench/load.py``, 8 clients): as requests finished, sizes 5-7 measured
-        drafting first, one step of 6 requests took 465 ms for 12 tokens where plain steps
-        of 8 made 138 tok/s (``bench/results/2026-12-06-batch-costs-zen4-epyc-avx512``).
-        A size that starts without drafts is tried with them every ``explore_every``
-        steps, as a measured one is."""
+        first drafting step catches every one up in a pass of its own: under 8 clients,
+        the sizes met as requests finish each paid one such step to measure drafts first
+        (``bench/results/2026-12-06-batch-costs-zen4-epyc-avx512``). A size that starts
+        without drafts is tried with them every ``explore_every`` steps, as a measured one
+        is."""
         if n <= 1:
             return True
         if self._measured(n):
             return self.rates[(n, True)] >= self.rates[(n, False)]
         if self._smaller_does_without(n):
             return False
-        measured = [size for size in self._sizes() if self._measured(size)]
+        measured = {size for size, _ in self.rates if self._measured(size)}
         nearest = min([1, *measured], key=lambda size: (abs(size - n), size))
         return nearest == 1 or self.rates[(nearest, True)] >= self.rates[(nearest, False)]
-
-    def _sizes(self) -> list[int]:
-        """The batch sizes measured either way."""
-        return sorted({size for size, _ in self.rates})
 
     def _measured(self, n: int) -> bool:
         return min(self.counts.get((n, True), 0), self.counts.get((n, False), 0)) >= self.samples
