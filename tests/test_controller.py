@@ -320,6 +320,14 @@ def test_a_batch_size_not_measured_starts_the_way_of_the_nearest_measured_size()
         policy.observe(2, True, 10, 0.1)  # 100 tok/s
         policy.observe(2, False, 2, 0.04)  # 50 tok/s
     assert policy.prefers_drafting(5) and not policy.prefers_drafting(6)
+    # a try at a size that started without drafts is judged by that size's own rates,
+    # though it is not measured yet: one that wins comes round again as soon, one that
+    # loses waits twice as long
+    for n, try_rate in ((9, (30, 0.1)), (10, (3, 0.1))):  # 300 and 30 tok/s against 107
+        for _ in range(5):
+            drafting = policy.drafting(n)
+            policy.observe(n, drafting, *(try_rate if drafting else (8, 0.075)))
+    assert policy.waits[9] == 5 and policy.waits[10] == 10
 
 
 def test_batch_drafting_tries_a_losing_way_ever_less_often_and_a_winning_one_again_soon():

@@ -558,7 +558,9 @@ class BatchDrafting:
             if self.trying.get(n) == drafting:  # a try of the other way, now seen
                 del self.trying[n]
                 wait = self.waits.get(n, self.explore_every)
-                if self.prefers_drafting(n) != drafting:  # still the slower: wait longer
+                # still the slower: wait longer (by this size's own rates, once both ways
+                # have any: a size that started without drafts is not measured yet)
+                if self.rates[key] < self.rates.get((n, not drafting), 0.0):
                     self.waits[n] = min(2 * wait, self.explore_most)
                 else:
                     self.waits[n] = self.explore_every
