@@ -2,6 +2,7 @@
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 
@@ -50,6 +51,24 @@ def test_generate_with_a_draft_tree_is_plain_decodings_text(model_dirs, capsys, 
     assert result["stats"]["drafted_tokens"] > 0
     if tree == "full":
         assert result["stats"]["sibling_tokens"] > 0
+
+
+def test_compare_runs_measures_pairs_side_by_side(model_dirs, capsys):
+    """--compare-runs N: N (speculative, plain) pairs, the speedup their median, each pair
+    identical; on the terminal the median and range; N implies --compare; 0 is refused."""
+    target, draft = model_dirs
+    args = ["generate", "hello", "--target", str(target), "--draft", str(draft)]
+    args += ["--max-tokens", "16", "--dtype", "int8", "-k", "3"]
+    assert main([*args, "--json", "--compare-runs", "3"]) == 0
+    compare = json.loads(capsys.readouterr().out)["compare"]
+    assert len(compare["speedups"]) == 3 and all(x > 0 for x in compare["speedups"])
+    assert compare["speedup"] == statistics.median(compare["speedups"])
+    assert compare["identical"] is True
+    assert main([*args, "--compare", "--compare-runs", "2"]) == 0
+    printed = capsys.readouterr().err
+    assert "median of 2)" in printed and "identical to plain decoding" in printed
+    assert exit_code([*args, "--compare-runs", "0"]) == 2
+    assert "expected 1 or more" in capsys.readouterr().err
 
 
 def test_generate_json(model_dirs, capsys):

@@ -81,6 +81,17 @@ def port_value(text: str) -> int:
     return port
 
 
+def positive_int(text: str) -> int:
+    """A count of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return value
+
+
 def k_value(text: str) -> int | str:
     if text == "auto":
         return text

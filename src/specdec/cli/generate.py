@@ -12,6 +12,7 @@ from specdec.arguments import (
     check_choice_k,
     drafter_kinds,
     k_value,
+    positive_int,
 )
 from specdec.config import TREES, VERIFICATIONS, Constraint, SamplingParams, SpecConfig
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES
@@ -233,6 +234,15 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run the target alone on the same prompt: speedup, identical output?",
     )
+    p.add_argument(
+        "--compare-runs",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="with --compare: N pairs of runs, speculative and plain in turn (the first "
+        "pair is the run shown and one plain run); prints the median speedup and its "
+        "range, steadier on a busy machine than one pair (default 1; more implies --compare)",
+    )
     add_cache_dir(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument(
@@ -290,12 +300,13 @@ def run(args: argparse.Namespace) -> int:
         )
     engine = build_engine(args, args.drafter)
     prompt_ids = encode_prompt(engine.target.tokenizer, args.prompt, args.template)
+    compare_runs = args.compare_runs if args.compare or args.compare_runs > 1 else 0
 
     if args.json:
         out = engine.generate(prompt_ids, params, spec)
         compare = (
-            cli_output.compare_plain(engine, prompt_ids, params, spec, out)
-            if args.compare
+            cli_output.compare_plain(engine, prompt_ids, params, spec, out, compare_runs)
+            if compare_runs
             else None
         )
         cli_output.print_json(
@@ -303,9 +314,9 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         out = cli_output.stream_to_terminal(engine, prompt_ids, params, spec, args.show_drafts)
-        if args.compare:
+        if compare_runs:
             cli_output.print_compare(
-                cli_output.compare_plain(engine, prompt_ids, params, spec, out)
+                cli_output.compare_plain(engine, prompt_ids, params, spec, out, compare_runs)
             )
     return 0
 

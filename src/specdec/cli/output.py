@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from dataclasses import replace
 from typing import Any
@@ -43,9 +44,17 @@ def output_dict(out: Output, tokenizer: Any = None) -> dict:
 
 
 def compare_plain(
-    engine: Engine, prompt_ids, params: SamplingParams, spec: SpecConfig, speculative: Output
+    engine: Engine,
+    prompt_ids,
+    params: SamplingParams,
+    spec: SpecConfig,
+    speculative: Output,
+    pairs: int = 1,
 ) -> dict:
     """Run the target alone on the same request, from an empty cache like the first run.
+    With ``pairs`` > 1, the speculative run and the plain one again in turn until there are
+    ``pairs`` of each: the speedup is the median of the pairs' ratios, each pair measured
+    side by side, so that a machine that slows down between pairs moves both of a pair.
 
     ``identical`` compares the texts where they must be equal: greedy, or sampling with
     coupled verification (the same seed gives plain decoding's text). Sampled with
@@ -54,18 +63,29 @@ def compare_plain(
     """
     from specdec.runtime import SAME_TEXT_AS_PLAIN, runtime_of
 
-    engine.target.truncate(0)
-    plain = Engine(engine.target).generate(prompt_ids, params, replace(spec, k=0))
-    plain_tps = plain.stats.tokens_per_second
+    runs: list[tuple[Output, Output]] = []  # (speculative, plain) a pair
+    fast = speculative
+    for pair in range(pairs):
+        if pair:
+            engine.target.truncate(0)
+            fast = engine.generate(prompt_ids, params, spec)
+        engine.target.truncate(0)
+        plain = Engine(engine.target).generate(prompt_ids, params, replace(spec, k=0))
+        runs.append((fast, plain))
+    rates = [(fast.stats.tokens_per_second, slow.stats.tokens_per_second) for fast, slow in runs]
+    speedups = [fast / slow if slow else 0.0 for fast, slow in rates]
     comparable = params.greedy or spec.coupled(params)
     runtime = runtime_of(engine.target)
     return {
-        "plain_tokens_per_second": plain_tps,
-        "speedup": speculative.stats.tokens_per_second / plain_tps if plain_tps else 0.0,
-        "identical": plain.token_ids == speculative.token_ids if comparable else None,
+        "plain_tokens_per_second": statistics.median(slow for _, slow in rates),
+        "speedup": statistics.median(speedups),
+        "speedups": speedups,  # one a pair, in the order run
+        "identical": all(fast.token_ids == slow.token_ids for fast, slow in runs)
+        if comparable
+        else None,
         # greedy on int8/int4: the verify rows are the plain steps' rows, bit for bit
         **(
-            {"identical_logprobs": plain.logprobs == speculative.logprobs}
+            {"identical_logprobs": all(fast.logprobs == slow.logprobs for fast, slow in runs)}
             if params.logprobs is not None and comparable
             else {}
         ),
@@ -91,9 +111,14 @@ def print_compare(compare: dict) -> None:
             "round differently from one-token steps (same distribution; only int8 and int4 "
             "promise the same text)"
         )
+    speedups = compare.get("speedups", [compare["speedup"]])
+    spread = ""
+    if len(speedups) > 1:
+        spread = f" ({min(speedups):.2f}-{max(speedups):.2f}x, median of {len(speedups)})"
     Console(stderr=True, highlight=False).print(
         f"plain decoding: {compare['plain_tokens_per_second']:.1f} tok/s | "
-        f"speedup {compare['speedup']:.2f}x | {verdict}"
+        f"speedup {compare['speedup']:.2f}x{spread} | {verdict}",
+        soft_wrap=True,  # one line, however narrow the console: the terminal wraps it
     )
 
 
