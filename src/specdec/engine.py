@@ -541,7 +541,7 @@ def step_together(
                 pass_share = pass_seconds * (k + 1) / rows_total
                 try:
                     results[i] = run.finish_round(
-                        proposal, draft_share, rows, pass_share, drafting, len(pending)
+                        proposal, draft_share, rows, pass_share, drafting, batch=len(pending)
                     )
                 except Exception as error:
                     results[i] = error
