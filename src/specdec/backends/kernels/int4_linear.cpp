@@ -85,9 +85,20 @@ constexpr int kRowsAvx512 = 8;  // rows a pass on AVX-512 (AVX2's: kRowsAvx2)
 //   kernel's own loads: on the AMX Xeon (family 6 model 167, 2 threads) a 1-row product of
 //   that weight read from DRAM took 0.48-0.53 ms with prefetcht0 (16-18 GB/s of the 22.8 a
 //   plain sum reads) and 0.40-0.41 ms with prefetcht1 (21 GB/s); 8 rows 0.57-0.64 -> 0.53-0.59
-//   (bench/results/2026-12-05-prefetch-hint-xeon-amx). L1 is what measured best on the EPYC,
-//   and Zen 4 is documented to drop prefetcht1 at times.
+//   (bench/results/2026-12-05-prefetch-hint-xeon-amx). L1 is what measured best on the
+//   family 26 EPYC, and Zen 4 is documented to drop prefetcht1 at times.
+// - Except in the AVX-512 path's passes of several rows on the other CPUs: there the lines go
+//   into L2 kPrefetchGroups ahead and into L1 kNearGroups ahead (``prefetch_two_levels``).
+//   On the Zen 4 EPYC (family 25 model 17, 2 threads; both kernels in one process on the same
+//   weights, interleaved; the same bits) the 1.5B's int4 linears took 3-18% less time for
+//   2-6 rows (level at 1 row, level to 15% less at 8-16), and its whole passes after 128
+//   tokens 5-11% less for 3-6 tokens (v(4) 1.18 -> 1.08, v(6) 1.47 -> 1.36). L2 alone gave
+//   most of that; L1 distances 2-8 and L2 distances 32-64 measured level, and so did two
+//   levels for one-row passes; spread as on Intel (into L1) gained little
+//   (bench/results/2026-12-06-prefetch-rows-zen4-epyc-avx512). Not measured on the family
+//   26 EPYC.
 constexpr int kPrefetchGroups = 32;
+constexpr int kNearGroups = 4;
 constexpr int kPrefetchBytes = kPrefetchGroups * (kCodeBytes + 64);
 
 bool prefetch_into_l2() {
@@ -114,14 +125,27 @@ inline void prefetch_ahead(const uint8_t* codes) {
   for (int line = 0; line < kPrefetchLines; ++line) prefetch_line(codes, line);
 }
 
+// A group's lines kPrefetchGroups ahead into L2 and kNearGroups ahead into L1.
+inline void prefetch_two_levels(const uint8_t* codes) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(codes);
+  for (int line = 0; line < kPrefetchLines; ++line) {
+    __builtin_prefetch(reinterpret_cast<const void*>(at + kPrefetchBytes + 64 * line), 0, 2);
+    __builtin_prefetch(
+        reinterpret_cast<const void*>(at + kNearGroups * (kCodeBytes + 64) + 64 * line), 0, 3);
+  }
+}
+
 // When: all of a group's lines before its products, except in the AVX-512 path's passes of
 // several rows on Intel, where they are asked for one at a time between the products of the
 // group's quads (``rows_avx512``): asked for at once, they kept the products waiting. On the
 // AMX Xeon (family 6 model 167, 2 threads, weights from DRAM) 8 rows of the 1536 x 8960
 // weight took 0.48-0.54 ms with the lines at once and 0.40-0.41 spread, and the 1.5B's verify
 // passes after 128 tokens cost v(5) 1.37-1.40 -> 1.26-1.33, v(8) 1.57-1.60 -> 1.40-1.44 steps;
-// one-row products are unchanged (bench/results/2026-12-05-prefetch-spread-xeon-amx). Not
-// measured on the EPYCs (prefetches into L1 there), which keep the lines asked for at once.
+// one-row products are unchanged (bench/results/2026-12-05-prefetch-spread-xeon-amx). The
+// other CPUs ask for a group's lines at once (``prefetch_two_levels`` in passes of several
+// rows: see above). The AVX2 path asks as one-row passes do on every CPU: run on the Zen 4
+// EPYC, two levels took it 0.88-0.98x the time at 2-8 rows and 0.93-1.04x at 12-16, but
+// the CPUs that run it (AVX2 only) were not there to measure.
 
 // A pass's activations, quantized, laid out group by group: a kernel reaches every row of a
 // group from one address (row r at a fixed offset: no register a row for the compiler to
@@ -399,10 +423,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) inline 
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const bool spread = R > 1 && kPrefetchIntoL2;  // the lines between the quads (see above)
+  const bool two_levels = R > 1 && !kPrefetchIntoL2;
   for (int64_t g = 0; g < a.groups; ++g) {
     const uint8_t* block = Layout<S>::codes(blocks, g);
     const int8_t* x = a.group_codes(g, r0);  // row r0 + r at x + 32 r
-    if (!spread) prefetch_ahead(block);
+    if (two_levels) {
+      prefetch_two_levels(block);
+    } else if (!spread) {
+      prefetch_ahead(block);
+    }
     __m512i codes[8];
     for (int q = 0; q < 4; ++q) {
       const __m512i packed = _mm512_loadu_si512(block + q * 64);
