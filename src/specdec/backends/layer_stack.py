@@ -79,6 +79,7 @@ class LayerStack:
         self.heads, self.kv_heads = q_size // self.head_dim, kv_size // self.head_dim
         self.scaling = float(attention.scaling)
         self._paths: tuple[int, ...] = ()
+        self._paths_seen = -1  # RowInt4Linear.paths_set when the paths were last read
         self._stack: Any = None
         self._product_list = self._products()  # the layers' modules stay; only paths move
 
@@ -113,6 +114,9 @@ class LayerStack:
     def _kernel_stack(self) -> Any:
         """The kernel's object, made again when a product's code path was pinned since (the
         tests and ``--int4-path`` set ``RowInt4Linear.path`` on a loaded model)."""
+        if self._stack is not None and self._paths_seen == RowInt4Linear.paths_set:
+            return self._stack  # no layer's path was set since the last look
+        self._paths_seen = RowInt4Linear.paths_set
         products = self._product_list
         paths = tuple(_path(product) for product in products)
         if self._stack is None or paths != self._paths:

@@ -183,6 +183,11 @@ def group_for(linear: nn.Linear, group: int) -> int:
 
 
 class RowInt4Linear(nn.Module):
+    # How many times any layer's code path was set: a layer stack built for other paths
+    # builds its kernel object again (``layer_stack.LayerStack``), and one built for these
+    # need not read every product's path on each pass.
+    paths_set = 0
+
     def __init__(self, linear: nn.Linear, group: int = GROUP):
         """``group``: inputs per weight scale, where the layer's inputs are a multiple of
         it (``group_for``)."""
@@ -210,6 +215,17 @@ class RowInt4Linear(nn.Module):
         self.out_features = packed.shape[0] * TILE
         self.in_features = packed.shape[1] * scale_group(packed)
         self.path = kernels.pinned_path()  # -1: the best path for this CPU; tests pin one
+
+    @property
+    def path(self) -> int:
+        """The kernel's code path for this layer: -1 the best for this CPU, or one pinned
+        (``kernels.PATH_BY_NAME``)."""
+        return self._path
+
+    @path.setter
+    def path(self, path: int) -> None:
+        self._path = path
+        RowInt4Linear.paths_set += 1
 
     @property
     def group(self) -> int:
