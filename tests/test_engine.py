@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+import specdec.engine
 from helpers import EOS_ID, backend, tiny_llama
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
@@ -51,6 +52,40 @@ def test_stream_yields_the_same_as_generate(engine, tokenizer):
     assert all(1 <= len(c.token_ids) <= 4 for c in chunks)
     assert [c.finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
     assert {c.extra_kind for c in chunks} <= {"recovered", "bonus", "target"}
+
+
+def test_a_long_prompt_gets_its_first_token_from_the_prefill(engine, plain, tokenizer):
+    """From FIRST_TOKEN_FROM_PREFILL prompt tokens on, the first token comes out of the
+    prefill's own pass, before the drafter has seen the prompt; then rounds as usual. The
+    same tokens as plain decoding; the first token is no round."""
+    prompt = tokenizer.encode("a longer prompt, " * 12)
+    assert len(prompt) >= specdec.engine.Run.FIRST_TOKEN_FROM_PREFILL
+    draft = engine.drafter.backend
+    draft.truncate(0)
+    chunks = []
+    for chunk in engine.stream(prompt, GREEDY, SpecConfig(k=3)):
+        if not chunks:
+            assert draft.cached_token_ids == [], "the drafter's prefill waits for the first token"
+            assert chunk.token_ids and chunk.extra_kind == "target"
+        chunks.append(chunk)
+    tokens = [t for c in chunks for t in c.token_ids]
+    assert tokens == plain.generate(prompt, GREEDY).token_ids
+    assert len(chunks[0].token_ids) == 1 and len(chunks) > 2
+    stats = chunks[-1].stats
+    assert stats.rounds == len(chunks) - 1  # every chunk after the first is a round
+    assert stats.target_forwards == stats.rounds + 1  # + the prefill, which made the first
+    assert 1 + stats.accepted_tokens + stats.rounds >= stats.generated_tokens == len(tokens)
+    assert stats.drafted_tokens > 0
+
+
+def test_a_long_prompt_that_wants_one_token_never_prefills_the_drafter(engine, plain, tokenizer):
+    prompt = tokenizer.encode("a longer prompt, " * 12)
+    engine.drafter.backend.truncate(0)
+    params = replace(GREEDY, max_tokens=1)
+    out = engine.generate(prompt, params, SpecConfig(k=3))
+    assert out.token_ids == plain.generate(prompt, params).token_ids
+    assert out.stats.rounds == 0 and out.stats.target_forwards == 1
+    assert engine.drafter.backend.cached_token_ids == []
 
 
 def test_stream_holds_back_a_possible_stop_prefix(engine, plain, tokenizer):

@@ -15,6 +15,11 @@ chi-square, lambda = DRAWS * w^2 = 80, power 0.991;
 recomputes it). The verifier-level tests (``test_verify_statistical.py``) carry the power
 calculation against each classic bug; here ``test_a_wrong_bonus_row_is_caught`` injects one
 of them into the engine and requires the check to fail.
+
+A long prompt's first token comes from the prefill's own pass (``Run.first_token``) and
+rounds follow it; this prompt is short, so the cases above check the first round drafting
+the first token, and ``test_the_first_token_from_the_prefill_keeps_every_position_exact``
+lowers the threshold to check the long path, with a negative control of its own.
 """
 
 from __future__ import annotations
@@ -201,6 +206,43 @@ def test_every_generated_position_follows_the_target(
         assert stats.bonus_tokens > 50, "the bonus token must be drawn often enough to be tested"
     for position, expected in enumerate(marginals(pair[0], prompt, params)):
         assert_same_distribution(counts[position], expected)
+
+
+@pytest.mark.parametrize("verification", ["rejection", "coupled"])
+def test_the_first_token_from_the_prefill_keeps_every_position_exact(
+    pair, prompt, make_drafter, verification, monkeypatch
+):
+    """A long prompt's path (``Run.first_token``; the threshold lowered so that this prompt
+    takes it): the first token sampled from the prefill's last row, the next two by a round
+    drafting k = 2 (the bonus then past max_tokens). Every position follows the target,
+    with the power stated above."""
+    monkeypatch.setattr(specdec.engine.Run, "FIRST_TOKEN_FROM_PREFILL", 1)
+    params = SETTINGS["temperature 0.7, top-k 8, top-p 0.9"]
+    engine = Engine(backend(pair[0]), make_drafter["model"]())
+    counts, stats = sample_positions(engine, prompt, params, verification)
+    assert stats.rounds >= DRAWS and 0.05 < stats.acceptance_rate < 0.98
+    for position, expected in enumerate(marginals(pair[0], prompt, params)):
+        assert_same_distribution(counts[position], expected)
+
+
+def test_a_first_token_from_the_wrong_row_is_caught(pair, prompt, make_drafter, monkeypatch):
+    """Negative control for that path: the first token drawn from the row before the
+    prompt's last one (the pass fed without it, the last token fed apart after). The same
+    check must fail at position 0."""
+    scoring_last = specdec.engine.sync_cache_scoring_last
+
+    def one_row_early(target, tokens):
+        logits = scoring_last(target, tokens[:-1])
+        target.forward([tokens[-1]])
+        return logits
+
+    monkeypatch.setattr(specdec.engine.Run, "FIRST_TOKEN_FROM_PREFILL", 1)
+    monkeypatch.setattr(specdec.engine, "sync_cache_scoring_last", one_row_early)
+    params = SETTINGS["temperature 0.7, top-k 8, top-p 0.9"]
+    engine = Engine(backend(pair[0]), make_drafter["model"]())
+    counts, _ = sample_positions(engine, prompt, params, "rejection")
+    with pytest.raises(AssertionError, match="differs|impossible"):
+        assert_same_distribution(counts[0], marginals(pair[0], prompt, params)[0])
 
 
 def test_the_sample_size_detects_the_stated_effect():

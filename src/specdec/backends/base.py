@@ -69,17 +69,33 @@ def sync_cache(backend: Backend, tokens: Sequence[int], most: int | None = None)
     rest. ``most``: feed at most that many (a part of a prefill; the cache then holds a
     prefix of ``tokens``, and a later call goes on from it). Returns how many tokens a
     forward pass fed (0: none ran)."""
-    reuse = getattr(backend, "reuse_prefix", None)  # a backend that can copy a shared prefix
-    if reuse is not None:
-        keep = reuse(tokens)
-    else:
-        keep = common_prefix_length(backend.cached_token_ids, tokens)
-        backend.truncate(keep)
+    keep = _shared_prefix(backend, tokens)
     if keep == len(tokens):
         return 0
     end = len(tokens) if most is None else min(len(tokens), keep + max(most, 1))
     backend.forward(list(tokens[keep:end]), last_only=True)
     return end - keep
+
+
+def sync_cache_scoring_last(backend: Backend, tokens: Sequence[int]) -> torch.Tensor:
+    """``sync_cache`` of all of ``tokens`` in one pass that feeds at least the last of them
+    (the cache is cut back by one where it held them all): the logits after the last
+    # [1, vocab_size]."""
+    assert tokens, "tokens to score"
+    keep = min(_shared_prefix(backend, tokens), len(tokens) - 1)
+    backend.truncate(keep)
+    return backend.forward(list(tokens[keep:]), last_only=True)
+
+
+def _shared_prefix(backend: Backend, tokens: Sequence[int]) -> int:
+    """Keep (or, where the backend can, copy from another sequence: ``reuse_prefix``) the
+    longest prefix of ``tokens`` held; its length."""
+    reuse = getattr(backend, "reuse_prefix", None)  # a backend that can copy a shared prefix
+    if reuse is not None:
+        return int(reuse(tokens))
+    keep = common_prefix_length(backend.cached_token_ids, tokens)
+    backend.truncate(keep)
+    return keep
 
 
 def eos_token_ids(model: Any, tokenizer: Any | None) -> set[int]:
