@@ -4,7 +4,8 @@ Conventions (written once here; the CLI, server and bench read them, never recom
 - ``acceptance_rate`` = accepted draft tokens / drafted tokens.
 - ``mean_accepted_length`` = tokens the target pass yields per round, *including* the
   recovered/bonus token: 1 + accepted / rounds, as vLLM and Spec-Bench count it. Plain
-  decoding gives exactly 1.
+  decoding gives exactly 1. A first token that comes from the prefill's pass (a long
+  prompt's: ``engine.Run.first_token``) is no round, as in vLLM.
 - ``by_drafter[name]`` = rounds, drafted, accepted and acceptance_rate of the rounds that
   drafter proposed (a composite drafter names its member).
 - ``per_position_acceptance[i]`` = P(draft i accepted | drafts before it accepted).
