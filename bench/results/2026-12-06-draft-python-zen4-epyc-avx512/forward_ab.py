@@ -10,12 +10,9 @@ import statistics
 import sys
 import time
 
-import torch
+from python_before import NEW, OLD, use
 
 from specdec.backends.hf import source_of
-from specdec.backends.layer_stack import LayerStack, _path
-from specdec.backends.quant.rows import RotaryTokenByToken
-from specdec.backends.trim import TrimmedHead
 from specdec.loading import load_backend
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.runtime import load_draft
@@ -26,36 +23,6 @@ b = (
     if which == "draft"
     else source_of(load_backend(DEFAULT_TARGET, "int4"))
 )
-new = {
-    "rot": RotaryTokenByToken.forward,
-    "trim": TrimmedHead.forward,
-    "ks": LayerStack._kernel_stack,
-}
-
-
-def old_trim(self, x):
-    scores = self.sub(x)[..., : len(self.token_ids)]
-    out = torch.full((*scores.shape[:-1], self.vocab_size), float("-inf"))
-    out[..., self.token_ids] = scores.float()
-    return out
-
-
-def old_ks(self):
-    tuple(_path(p) for p in self._product_list)
-    return new["ks"](self)
-
-
-old = {"rot": RotaryTokenByToken._computed, "trim": old_trim, "ks": old_ks}
-
-
-def use(d):
-    RotaryTokenByToken.forward, TrimmedHead.forward, LayerStack._kernel_stack = (
-        d["rot"],
-        d["trim"],
-        d["ks"],
-    )
-
-
 seq = b.sequence()
 seq.forward(list(range(1000, 1200)), last_only=True)
 res = {"old": [], "new": []}
@@ -63,7 +30,7 @@ token = 1234
 rows = int(sys.argv[2])
 for rnd in range(int(sys.argv[3])):
     for side in ("old", "new") if rnd % 2 == 0 else ("new", "old"):
-        use(old if side == "old" else new)
+        use(OLD if side == "old" else NEW)
         for _i in range(10):
             t = time.perf_counter()
             lg = seq.forward([token] * rows, last_only=rows == 1)

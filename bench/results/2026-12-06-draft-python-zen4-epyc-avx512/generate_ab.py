@@ -8,47 +8,14 @@ order; tok/s medians, and every output checked identical to plain.
 import statistics
 import sys
 
-import torch
+from python_before import NEW, OLD, use
 
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.backends.layer_stack import LayerStack, _path
-from specdec.backends.quant.rows import RotaryTokenByToken
-from specdec.backends.trim import TrimmedHead
 from specdec.drafters import ModelDrafter
 from specdec.loading import load_backend
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompting import encode_prompt
 from specdec.runtime import load_draft
-
-new = {
-    "rot": RotaryTokenByToken.forward,
-    "trim": TrimmedHead.forward,
-    "ks": LayerStack._kernel_stack,
-}
-
-
-def old_trim(self, x):
-    scores = self.sub(x)[..., : len(self.token_ids)]
-    out = torch.full((*scores.shape[:-1], self.vocab_size), float("-inf"))
-    out[..., self.token_ids] = scores.float()
-    return out
-
-
-def old_ks(self):
-    tuple(_path(p) for p in self._product_list)
-    return new["ks"](self)
-
-
-old = {"rot": RotaryTokenByToken._computed, "trim": old_trim, "ks": old_ks}
-
-
-def use(d):
-    RotaryTokenByToken.forward, TrimmedHead.forward, LayerStack._kernel_stack = (
-        d["rot"],
-        d["trim"],
-        d["ks"],
-    )
-
 
 target = load_backend(DEFAULT_TARGET, "int4")
 draft, _ = load_draft(DEFAULT_DRAFT, "int4", target_runtime="int4")
@@ -63,7 +30,7 @@ for rnd in range(int(sys.argv[1])):
         ids = encode_prompt(target.tokenizer, p, mode)
         for side in ("old", "new") if rnd % 2 == 0 else ("new", "old"):
             for sysname, k in (("plain", 0), ("model-auto", "auto")):
-                use(old if side == "old" else new)
+                use(OLD if side == "old" else NEW)
                 target.truncate(0)
                 out = Engine(target, None if k == 0 else ModelDrafter(draft)).generate(
                     ids, SamplingParams(max_tokens=96, temperature=0.0), SpecConfig(k=k)
@@ -71,7 +38,7 @@ for rnd in range(int(sys.argv[1])):
                 res.setdefault((pi, sysname, side), []).append(
                     (out.stats.tokens_per_second, out.token_ids)
                 )
-use(new)
+use(NEW)
 for pi in range(len(prompts)):
     ref = res[(pi, "plain", "old")][0][1]
     cells = []
