@@ -132,6 +132,8 @@ def make_drafter(pair, prompt):
         "medusa": with_heads("medusa"),
         "eagle": with_heads("eagle"),
         "model": lambda: ModelDrafter(backend(draft)),
+        # reading the prompt's first 4 tokens and last 4 (of 14)
+        "model, prompt tail": lambda: ModelDrafter(backend(draft), prompt_tail=4),
         "lookup": PromptLookupDrafter,
         "ngram": lambda: NGramDrafter(ngram),
         "lookup+model": lambda: FallbackDrafter(
@@ -180,6 +182,10 @@ CASES = (
         for verification in ("rejection", "coupled")
     ]
     + [("lookup+model", "temperature 0.7, top-k 8, top-p 0.9", "rejection")]
+    + [
+        ("model, prompt tail", "temperature 0.7, top-k 8, top-p 0.9", verification)
+        for verification in ("rejection", "coupled")
+    ]
     + [
         ("trimmed model", "temperature 1", "rejection"),
         ("trimmed model", "temperature 0.7, top-k 8, top-p 0.9", "coupled"),

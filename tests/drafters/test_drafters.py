@@ -198,3 +198,58 @@ def test_a_prompt_longer_than_the_drafts_window_decodes_plainly(target_model):
     )
     assert out.token_ids == expected.token_ids
     assert out.stats.drafted_tokens == 0
+
+
+# ---- the draft reads a long prompt's first tokens and its tail ----------------------------
+
+TAIL = 6
+SINK = ModelDrafter.PROMPT_SINK
+LONG = [(5 * i + 2) % (VOCAB - 1) + 1 for i in range(30)]
+
+
+def test_the_draft_reads_a_long_prompts_first_tokens_and_tail(draft_model):
+    drafter = ModelDrafter(backend(draft_model), prompt_tail=TAIL)
+    drafter.prepare(LONG)
+    seen = LONG[:SINK] + LONG[-TAIL:]
+    assert drafter.backend.cached_token_ids == seen[:-1]
+    drafter.propose(LONG + [3, 4], 2)  # the text goes on: the same cut, what follows fed
+    assert drafter.backend.cached_token_ids[: len(seen) + 1] == seen + [3]
+    whole = ModelDrafter(backend(draft_model), prompt_tail=None)
+    whole.prepare(LONG)
+    assert whole.backend.cached_token_ids == LONG[:-1]
+    short = LONG[: SINK + TAIL]  # nothing to skip
+    drafter.prepare(short)
+    assert drafter.backend.cached_token_ids == short[:-1]
+
+
+def test_a_prompt_prefilled_in_parts_is_read_whole(draft_model):
+    """``Run.prefill_part`` gives longer and longer prefixes: once the cache holds more than
+    the tail would cost, reading on is cheaper than starting the tail anew."""
+    drafter = ModelDrafter(backend(draft_model), prompt_tail=TAIL)
+    for end in range(4, len(LONG) + 1, 4):
+        drafter.prepare(LONG[:end])
+    drafter.prepare(LONG)
+    assert drafter.backend.cached_token_ids == LONG[:-1]
+
+
+def test_a_text_that_does_not_go_on_from_the_last_is_fitted_anew(draft_model):
+    drafter = ModelDrafter(backend(draft_model), prompt_tail=TAIL)
+    drafter.prepare(LONG)
+    other = [t % (VOCAB - 2) + 2 for t in reversed(LONG)]  # a new request, never prepared
+    drafter.propose(other, 2)
+    seen = other[:SINK] + other[-TAIL:]
+    assert drafter.backend.cached_token_ids[: len(seen)] == seen
+
+
+@pytest.mark.parametrize("guided", [False, True])
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
+def test_greedy_with_the_prompt_tail_equals_plain(target_model, draft_model, guided, k):
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    guide = PromptLookupDrafter(3, 2) if guided else None
+    drafter = ModelDrafter(backend(draft_model), guide, prompt_tail=TAIL)
+    expected = Engine(backend(target_model)).generate(LONG, params)
+    out = Engine(backend(target_model), drafter).generate(LONG, params, SpecConfig(k=k))
+    assert out.token_ids == expected.token_ids
+    assert out.stats.accepted_tokens > 0, "the pair should agree sometimes, or nothing is tested"
+    read = len(drafter.backend.cached_token_ids)
+    assert read <= SINK + TAIL + len(out.token_ids) + k, "it read the prompt's tail only"

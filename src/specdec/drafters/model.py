@@ -29,7 +29,8 @@ class ModelDrafter(StepwiseDrafter):
     Its cache follows the accepted text lazily: each ``propose`` rolls the cache back to the
     longest prefix it shares with ``context`` and feeds what is missing. After a round in
     which all k drafts were accepted, that is the last draft (never fed) plus the bonus
-    token; after a rejection, just the recovered token.
+    token; after a rejection, just the recovered token. Of a prompt longer than
+    ``PROMPT_SINK + prompt_tail`` tokens it reads only the first and the last (``_fit``).
 
     With a ``guide`` (prompt lookup: what followed an earlier occurrence of the context's
     tail), the draft reads the guide's guesses in the same pass as what it feeds (what it
@@ -47,18 +48,65 @@ class ModelDrafter(StepwiseDrafter):
     name = "model"
     grows_trees = True  # its second choices, as leaves beside the chain (``SpecConfig.tree``)
 
-    def __init__(self, backend: Backend, guide: PromptLookupDrafter | None = None):
+    # What of a long prompt the draft reads: its first PROMPT_SINK tokens (the chat
+    # template's start; StreamingLLM's attention sinks) and its last PROMPT_TAIL, so that
+    # its prefill costs at most that many rows however long the prompt (docs/drafting.md).
+    # Its drafts are still draws from the distributions it reports: exactness holds.
+    PROMPT_SINK = 4
+    PROMPT_TAIL = 256
+
+    def __init__(
+        self,
+        backend: Backend,
+        guide: PromptLookupDrafter | None = None,
+        prompt_tail: int | None = PROMPT_TAIL,
+    ):
+        """``prompt_tail``: how many of a prompt's last tokens the draft reads (besides its
+        first ``PROMPT_SINK``); None: all of it."""
         self.backend = backend
         self.vocab_size = backend.vocab_size
         self.guide = guide
+        self.prompt_tail = prompt_tail
+        self._skip: tuple[int, list[int]] | None = None  # (cut, context[:cut]): ``_fit``
 
     def prepare(self, context: Sequence[int]) -> None:
         if self.guide is not None:
             self.guide.prepare(context)  # its index of the prompt, built during prefill
+        self._fit(context)
+        seen = self._seen(context)
         limit = self.backend.max_length
-        if limit is not None and len(context) >= limit:
+        if limit is not None and len(seen) >= limit:
             return  # longer than the draft's window (a llama.cpp n_ctx): it will not draft
-        sync_cache(self.backend, list(context[:-1]))  # the last token is fed by the first propose
+        sync_cache(self.backend, list(seen[:-1]))  # the last token is fed by the first propose
+
+    def _fit(self, context: Sequence[int]) -> None:
+        """Choose what the draft reads of ``context`` and of every context that goes on
+        from it: all of it, or the first ``PROMPT_SINK`` tokens and the last
+        ``prompt_tail`` (the tokens between them skipped from then on) where that feeds
+        fewer tokens than all of it would; so a cache that already holds most of the text
+        (a prefill in parts, ``Run.prefill_part``) goes on reading all of it."""
+        self._skip = None
+        tail = self.prompt_tail
+        if tail is None or len(context) <= self.PROMPT_SINK + tail:
+            return
+        cut = len(context) - tail
+        part = [*context[: self.PROMPT_SINK], *context[cut:]]
+        held = self.backend.cached_token_ids
+        if len(part) - common_prefix_length(held, part) < len(context) - common_prefix_length(
+            held, context
+        ):
+            self._skip = (cut, list(context[:cut]))
+
+    def _seen(self, context: Sequence[int]) -> Sequence[int]:
+        """What the draft reads of ``context`` (``_fit``); a context that does not go on
+        from the text it was fitted to is fitted anew."""
+        if self._skip is None:
+            return context
+        cut, before = self._skip
+        if len(context) < cut or list(context[:cut]) != before:
+            self._fit(context)
+            return self._seen(context)
+        return [*context[: self.PROMPT_SINK], *context[cut:]]
 
     def drafting(
         self,
@@ -74,15 +122,16 @@ class ModelDrafter(StepwiseDrafter):
         depth the branch's leaves pick (``second_choice``)."""
         assert len(context) > 0, "drafting needs a context"
         sampler = sampler or Sampler(_GREEDY)
+        seen = self._seen(context)
         if self.backend.max_length is not None:
-            k = min(k, self.backend.max_length - len(context))
+            k = min(k, self.backend.max_length - len(seen))
         if k <= 0:
             return Proposal([], drafter=self.name)
         # Keep at least the last context token unfed: its logits give the first draft.
-        keep = min(common_prefix_length(self.backend.cached_token_ids, context), len(context) - 1)
+        keep = min(common_prefix_length(self.backend.cached_token_ids, seen), len(seen) - 1)
         self.backend.truncate(keep)
-        catch_up = list(context[keep:])
-        guesses = self._guesses(context, [], k - 1)
+        catch_up = list(seen[keep:])
+        guesses = self._guesses(context, len(seen), [], k - 1)
         offered = guesses  # what the guide offered, kept for a tree's branch
         if guesses:
             # rows[j]: the logits after the context and the first j guesses
@@ -93,7 +142,9 @@ class ModelDrafter(StepwiseDrafter):
         if isinstance(branch, Growth):
             if self._grows_deep(sampler):
                 read = rows if guesses else logits.unsqueeze(0)
-                grown = self._grow(context, k, read, guesses, sampler, keep_going, branch)
+                grown = self._grow(
+                    context, len(seen), k, read, guesses, sampler, keep_going, branch
+                )
                 return (yield from grown)
             branch = branch.leaves
         token_ids: list[int] = []
@@ -119,8 +170,8 @@ class ModelDrafter(StepwiseDrafter):
                 logits = rows[0]
                 continue
             if guesses:  # it picked otherwise: the guesses from here on are not the text
-                self.backend.truncate(len(context) + len(token_ids) - 1)
-            guesses = self._guesses(context, token_ids, k - len(token_ids) - 1)
+                self.backend.truncate(len(seen) + len(token_ids) - 1)
+            guesses = self._guesses(context, len(seen), token_ids, k - len(token_ids) - 1)
             if guesses:  # rows[j]: the logits after this pick and the first j guesses
                 rows = yield (self.backend, [token_id, *guesses], True)
                 logits = rows[0]
@@ -136,7 +187,9 @@ class ModelDrafter(StepwiseDrafter):
             confidences if keep_going is not None else None,
         )
 
-    def _guesses(self, context: Sequence[int], drafted: list[int], most: int) -> list[int]:
+    def _guesses(
+        self, context: Sequence[int], length: int, drafted: list[int], most: int
+    ) -> list[int]:
         """The guide's guesses of up to ``most`` tokens after ``context`` and ``drafted``
         (the last draft's row is read from the row after them, so a round of k drafts reads
         at most k - 1): none without a guide, or a draft window too short for them."""
@@ -145,7 +198,7 @@ class ModelDrafter(StepwiseDrafter):
         guesses = self.guide.continuation(context, drafted, most)
         limit = self.backend.max_length
         if limit is not None:
-            guesses = guesses[: max(0, limit - len(context) - len(drafted) - 1)]
+            guesses = guesses[: max(0, limit - length - len(drafted) - 1)]
         return guesses
 
     def _grows_deep(self, sampler: Sampler) -> bool:
@@ -159,6 +212,7 @@ class ModelDrafter(StepwiseDrafter):
     def _grow(
         self,
         context: Sequence[int],
+        length: int,  # of what the draft read for ``context`` (``_seen``)
         k: int,
         rows: torch.Tensor,  # [j]: the logits after the context and guesses[:j]
         guesses: list[int],  # the guide's, cached after the context as a chain of tree rows
@@ -234,7 +288,7 @@ class ModelDrafter(StepwiseDrafter):
                     cached[n] = held + j
                     logits_of[n] = out[j]
             opened = [child for n in expand for child in spawn(logits_of[n], n)]
-        self.backend.truncate(start + len(guesses))
+        self.backend.truncate(length + len(guesses))
         order = likeliest_first(values, depths)
         count = len(order)
         if growth.keep is not None:
