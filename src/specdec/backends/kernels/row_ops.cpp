@@ -35,6 +35,10 @@
 namespace {
 
 constexpr int kLanes = 8;
+constexpr int kMaxGroup = 16;  // query heads a kv head's group takes at a time in attend
+// Query heads whose values add in one sweep (add_values_group): six 16-lane sums and the
+// value's block are 7 AVX-512 registers, or 14 of AVX2's 16 (two halves each): no spills.
+constexpr int kValueHeads = 6;
 
 // 8 partial sums combined as ((0+4)+(1+5))+((2+6)+(3+7)).
 inline float lane_sum(const float* acc) {
@@ -245,48 +249,64 @@ __attribute__((always_inline)) inline void key_scores(const float* q, int64_t gr
   }
 }
 
-// add_values on `blocks` x 16 elements, held in registers for all n values.
-template <int blocks>
-__attribute__((always_inline)) inline void add_value_block(const float* p, const float* values,
-                                                           int64_t n, int64_t d, float* o) {
-  F16 acc[blocks];
-  for (int b = 0; b < blocks; ++b) acc[b] = load<F16>(o + b * 16);
+// o_h += p_h[j] * values[j] for `heads` query heads over the same values, on 16 elements
+// [i, i + 16) of each (head h's weights at p + h * p_stride, its output at o + h * d), the
+// sums held in registers for all n values. Each element takes its n sums one by one in
+// order of j, whatever the heads beside it: the same operations, the same bits, as a head
+// alone or a block of another width.
+template <int heads>
+__attribute__((always_inline)) inline void add_values_heads(const float* p, int64_t p_stride,
+                                                            const float* values, int64_t n,
+                                                            int64_t d, int64_t i, float* o) {
+  F16 acc[heads];
+  for (int h = 0; h < heads; ++h) acc[h] = load<F16>(o + h * d + i);
   for (int64_t j = 0; j < n; ++j) {
-    const float pj = p[j];
-    const float* v = values + j * d;
-    for (int b = 0; b < blocks; ++b) acc[b] = acc[b] + pj * load<F16>(v + b * 16);
+    const F16 v = load<F16>(values + j * d + i);
+    for (int h = 0; h < heads; ++h) acc[h] = acc[h] + p[h * p_stride + j] * v;
   }
-  for (int b = 0; b < blocks; ++b) store(o + b * 16, acc[b]);
+  for (int h = 0; h < heads; ++h) store(o + h * d + i, acc[h]);
 }
 
-// o += p[j] * values[j] for `n` values in a row: each element of o takes its n sums one by
-// one in order of j, whatever the loop around them. A block of 128 (or 64) elements stays in
-// 16-lane registers for all n values (before, o went to memory and back every four values,
-// and its sums waited on the store).
-__attribute__((always_inline)) inline void add_values(const float* p, const float* values,
-                                                      int64_t n, int64_t d, float* o) {
-  int64_t i = 0;
-  for (; i + 128 <= d; i += 128) add_value_block<8>(p, values + i, n, d, o + i);
-  for (; i + 64 <= d; i += 64) add_value_block<4>(p, values + i, n, d, o + i);
-  for (; i + kLanes <= d; i += kLanes) {
-    F8 acc = load<F8>(o + i);
-    for (int64_t j = 0; j < n; ++j) acc = acc + p[j] * load<F8>(values + j * d + i);
-    store(o + i, acc);
-  }
-  for (; i < d; ++i) {
-    float acc = o[i];
-    for (int64_t j = 0; j < n; ++j) acc = acc + p[j] * values[j * d + i];
-    o[i] = acc;
+// add_values_heads for the `group` heads of a kv head (head g: weights p + g * p_stride,
+// output o + g * d), kValueHeads at a time in blocks of 16 elements, the rest of a row's
+// elements one by one: each value is read once for six heads, where a head at a time read
+// it anew from the caches (a megabyte a kv head at 2,048 positions for the 1.5B).
+__attribute__((always_inline)) inline void add_values_group(const float* p, int64_t p_stride,
+                                                            int64_t group, const float* values,
+                                                            int64_t n, int64_t d, float* o) {
+  const int64_t body = d - d % 16;
+  for (int64_t g = 0; g < group; g += kValueHeads) {
+    const float* pg = p + g * p_stride;
+    float* og = o + g * d;
+    const int64_t heads = std::min<int64_t>(kValueHeads, group - g);
+    for (int64_t i = 0; i < body; i += 16) {
+      switch (heads) {
+        case 6: add_values_heads<6>(pg, p_stride, values, n, d, i, og); break;
+        case 5: add_values_heads<5>(pg, p_stride, values, n, d, i, og); break;
+        case 4: add_values_heads<4>(pg, p_stride, values, n, d, i, og); break;
+        case 3: add_values_heads<3>(pg, p_stride, values, n, d, i, og); break;
+        case 2: add_values_heads<2>(pg, p_stride, values, n, d, i, og); break;
+        default: add_values_heads<1>(pg, p_stride, values, n, d, i, og); break;
+      }
+    }
+    for (int64_t h = 0; h < heads; ++h) {  // a head size not a multiple of 16: the rest
+      for (int64_t i = body; i < d; ++i) {
+        float acc = og[h * d + i];
+        for (int64_t j = 0; j < n; ++j) acc = acc + pg[h * p_stride + j] * values[j * d + i];
+        og[h * d + i] = acc;
+      }
+    }
   }
 }
 
 // The query rows of the `group` heads that share one kv head, at one position:
 // softmax(q.k * scaling) v for each, over the `held` keys and values of the buffer and then
 // `n_path` more in a row (a draft tree's row: its path's own, gathered; none for a causal
-// row, whose keys are all in the buffer). Each key and value row is read once for the group;
-// each head's numbers are computed in the same order whatever the group, and a tree row's
-// are those of its path's row computed as a chain, bit for bit (the same keys in the same
-// order: a key's score does not depend on its neighbours, and the values add in order).
+// row, whose keys are all in the buffer). Each key and value row is read once for the group
+// (values: once for four heads); each head's numbers are computed in the same order whatever
+// the group, and a tree row's are those of its path's row computed as a chain, bit for bit
+// (the same keys in the same order: a key's score does not depend on its neighbours, and the
+// values add in order).
 SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
                            const float* values, int64_t held, const float* path_keys,
                            const float* path_values, int64_t n_path, int64_t d, float scaling,
@@ -301,14 +321,27 @@ SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
     for (; e + 16 <= end; e += 16) store(s + e, exp16(load<F16>(s + e) - top));
     for (; e + 8 <= end; e += 8) store(s + e, exp8(load<F8>(s + e) - top));
     for (; e < end; ++e) s[e] = exp_one(s[e] - top);
-    float total = 0.0f;
-    for (int64_t j = 0; j < end; ++j) total += s[j];
-    float* o = out + g * d;
-    for (int64_t i = 0; i < d; ++i) o[i] = 0.0f;
-    add_values(s, values, held, d, o);
-    add_values(s + held, path_values, n_path, d, o);
-    const float inverse = 1.0f / total;
-    for (int64_t i = 0; i < d; ++i) o[i] *= inverse;
+  }
+  // Each head's total summed in order of j; the heads' sums side by side (one chain each).
+  float totals[kMaxGroup] = {};
+  for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {
+    const int64_t heads = std::min<int64_t>(kMaxGroup, group - g0);
+    float* t = totals;
+    for (int64_t g = 0; g < heads; ++g) t[g] = 0.0f;
+    for (int64_t j = 0; j < end; ++j) {
+      for (int64_t g = 0; g < heads; ++g) t[g] += scores[(g0 + g) * end + j];
+    }
+    for (int64_t g = 0; g < heads; ++g) {
+      float* o = out + (g0 + g) * d;
+      for (int64_t i = 0; i < d; ++i) o[i] = 0.0f;
+    }
+    add_values_group(scores + g0 * end, end, heads, values, held, d, out + g0 * d);
+    add_values_group(scores + g0 * end + held, end, heads, path_values, n_path, d, out + g0 * d);
+    for (int64_t g = 0; g < heads; ++g) {
+      float* o = out + (g0 + g) * d;
+      const float inverse = 1.0f / t[g];
+      for (int64_t i = 0; i < d; ++i) o[i] *= inverse;
+    }
   }
 }
 
