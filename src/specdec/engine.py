@@ -283,7 +283,7 @@ class Run:
             if rows is not None:
                 given = min(given, self._drafter_given + max(rows, 1))
             if given < len(self.context):
-                self.speculation.prepare_part(self.context[:given])
+                self.speculation.prepare_part(self.context, given)
             else:  # the whole prompt: the drafter has followed the text
                 self.speculation.prepare(self.context)
             fed, self._drafter_given = fed + given - self._drafter_given, given

@@ -36,6 +36,7 @@ from specdec.drafters.base import (
     Proposal,
     drafting_of,
     grows_trees,
+    prepare_part,
 )
 from specdec.drafters.composite import ChoiceDrafter, FallbackDrafter
 from specdec.sampling import Sampler
@@ -90,12 +91,13 @@ class Speculation:
         self.drafter.prepare(context)
         self.fed = dict.fromkeys(self.members(), 0)
 
-    def prepare_part(self, prefix: Sequence[int]) -> None:
-        """A part of the drafter's prefill (``prefix``: a prefix of the prompt, prefills in
-        parts give longer ones in turn). Until ``prepare`` has had the whole prompt the
-        drafter counts as not having followed the text (it catches up apart)."""
+    def prepare_part(self, prompt: Sequence[int], given: int) -> None:
+        """A part of the drafter's prefill, as far as the prompt's first ``given`` tokens
+        (prefills in parts give more in turn; ``drafters.base.prepare_part``). Until
+        ``prepare`` has had the whole prompt the drafter counts as not having followed the
+        text (it catches up apart)."""
         assert self.drafter is not None, "only a request with a drafter prepares it"
-        self.drafter.prepare(prefix)
+        prepare_part(self.drafter, prompt, given)
 
     # ---- a round ----------------------------------------------------------------------
 

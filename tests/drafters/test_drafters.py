@@ -222,9 +222,24 @@ def test_the_draft_reads_a_long_prompts_first_tokens_and_tail(draft_model):
     assert drafter.backend.cached_token_ids == short[:-1]
 
 
-def test_a_prompt_prefilled_in_parts_is_read_whole(draft_model):
-    """``Run.prefill_part`` gives longer and longer prefixes: once the cache holds more than
-    the tail would cost, reading on is cheaper than starting the tail anew."""
+def test_a_prompt_prefilled_in_parts_reads_the_tail_in_shares(draft_model):
+    """``prepare_part`` (``Run.prefill_part``): each part feeds its share of what the draft
+    reads, never more rows than prompt tokens the part covers, and the parts end where one
+    ``prepare`` would."""
+    drafter = ModelDrafter(backend(draft_model), prompt_tail=TAIL)
+    held = 0
+    for upto in range(4, len(LONG), 4):
+        drafter.prepare_part(LONG, upto)
+        grew = len(drafter.backend.cached_token_ids) - held
+        held += grew
+        assert 0 <= grew <= 4
+    drafter.prepare(LONG)
+    assert drafter.backend.cached_token_ids == (LONG[:SINK] + LONG[-TAIL:])[:-1]
+
+
+def test_longer_and_longer_prefixes_are_read_whole(draft_model):
+    """``prepare`` alone on longer and longer prefixes: once the cache holds more than the
+    tail would cost, reading on is cheaper than starting the tail anew."""
     drafter = ModelDrafter(backend(draft_model), prompt_tail=TAIL)
     for end in range(4, len(LONG) + 1, 4):
         drafter.prepare(LONG[:end])

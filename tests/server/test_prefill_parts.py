@@ -163,16 +163,22 @@ def test_without_a_budget_a_joining_prompt_is_prefilled_whole_in_its_first_step(
     assert len(entry.run.target.cached_token_ids) >= LONG - 1
 
 
-def test_a_prefill_in_parts_leaves_the_caches_bit_for_bit_as_one_prefill(pair):
-    """The next pass's logits after parts of every size == after one prefill."""
+@pytest.mark.parametrize("tail", [ModelDrafter.PROMPT_TAIL, 40])
+def test_a_prefill_in_parts_leaves_the_caches_bit_for_bit_as_one_prefill(pair, tail):
+    """The next pass's logits after parts of every size == after one prefill; with a draft
+    that reads the prompt's first tokens and a tail shorter than the prompt too (its parts
+    feed shares of that, never more rows than the part's)."""
     target, draft, tokenizer = pair
     prompt = random_ids(7, LONG, vocab=30)
     params, spec = SamplingParams(max_tokens=4), SpecConfig(k=3)
+    sink = ModelDrafter.PROMPT_SINK
+    read = prompt if sink + tail >= LONG else prompt[:sink] + prompt[-tail:]
 
     def prefilled(rows):
         target_seq = model_of(target, tokenizer).sequence()
         draft_seq = model_of(draft).sequence()
-        run = Engine(target_seq, ModelDrafter(draft_seq)).begin(prompt, params, spec)
+        drafter = ModelDrafter(draft_seq, prompt_tail=tail)
+        run = Engine(target_seq, drafter).begin(prompt, params, spec)
         if rows is None:
             run.start()
         else:
@@ -187,7 +193,7 @@ def test_a_prefill_in_parts_leaves_the_caches_bit_for_bit_as_one_prefill(pair):
             assert parts >= 2 * (LONG - 1) // rows - 1
             run.start()  # feeds nothing more
         assert run.target.cached_token_ids == prompt[:-1]
-        assert draft_seq.cached_token_ids == prompt[:-1]
+        assert draft_seq.cached_token_ids == read[:-1]
         return target_seq.forward(prompt[-1:]), draft_seq.forward(prompt[-1:])
 
     whole = prefilled(None)

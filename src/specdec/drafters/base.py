@@ -69,7 +69,8 @@ class Drafter(Protocol):
         """Called per request with the prompt, during prefill: a drafter with a cache
         fills it here, so that drafting costs (which steer adaptive k) exclude it. A prefill
         in parts (``Run.prefill_part``) calls it on longer and longer prefixes of the prompt
-        first: each call goes on from the last, ending as one call with the whole prompt."""
+        first (or the drafter's own ``prepare_part``: ``prepare_part`` below): each call goes
+        on from the last, ending as one call with the whole prompt."""
         ...
 
     def propose(
@@ -144,6 +145,18 @@ def drive(drafting: Drafting) -> Proposal:
             call = drafting.send(run_pass(call))
     except StopIteration as done:
         return done.value
+
+
+def prepare_part(drafter: Drafter, prompt: Sequence[int], given: int) -> None:
+    """A part of ``drafter``'s prefill of ``prompt``, as far as its first ``given`` tokens:
+    the drafter's own ``prepare_part(prompt, given)`` where it has one (one that reads only
+    part of a prompt knows which part from the whole: ``ModelDrafter``), else ``prepare`` of
+    those tokens."""
+    own = getattr(drafter, "prepare_part", None)
+    if own is not None:
+        own(prompt, given)
+    else:
+        drafter.prepare(prompt[:given])
 
 
 def grows_trees(drafter: Drafter | None) -> bool:

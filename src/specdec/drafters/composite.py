@@ -19,6 +19,7 @@ from specdec.drafters.base import (
     StepwiseDrafter,
     drafting_of,
     grows_trees,
+    prepare_part,
 )
 from specdec.sampling import Sampler
 from specdec.tree import chain_length
@@ -53,6 +54,10 @@ class FallbackDrafter(StepwiseDrafter):
     def prepare(self, context: Sequence[int]) -> None:
         for drafter in self.drafters:
             drafter.prepare(context)
+
+    def prepare_part(self, prompt: Sequence[int], given: int) -> None:
+        for drafter in self.drafters:
+            prepare_part(drafter, prompt, given)
 
     def drafting(
         self,
@@ -114,6 +119,10 @@ class ChoiceDrafter(StepwiseDrafter):
     def prepare(self, context: Sequence[int]) -> None:
         for drafter in self.members.values():
             drafter.prepare(context)
+
+    def prepare_part(self, prompt: Sequence[int], given: int) -> None:
+        for drafter in self.members.values():
+            prepare_part(drafter, prompt, given)
 
     def drafting(
         self,

@@ -79,12 +79,27 @@ class ModelDrafter(StepwiseDrafter):
             return  # longer than the draft's window (a llama.cpp n_ctx): it will not draft
         sync_cache(self.backend, list(seen[:-1]))  # the last token is fed by the first propose
 
+    def prepare_part(self, prompt: Sequence[int], given: int) -> None:
+        """A part of ``prepare(prompt)`` (``Run.prefill_part``: longer parts in turn), as
+        far as the prompt's first ``given`` tokens: that share of what the draft reads of
+        the prompt, so that parts of a long prompt fill the draft's cache with its first
+        tokens and tail as one ``prepare`` would."""
+        if self.guide is not None:
+            self.guide.prepare(prompt[:given])
+        self._fit(prompt)
+        seen = self._seen(prompt)
+        limit = self.backend.max_length
+        if limit is not None and len(seen) >= limit:
+            return
+        rows = -(-(len(seen) - 1) * given // len(prompt))  # rounded up
+        sync_cache(self.backend, list(seen[:rows]))
+
     def _fit(self, context: Sequence[int]) -> None:
         """Choose what the draft reads of ``context`` and of every context that goes on
         from it: all of it, or the first ``PROMPT_SINK`` tokens and the last
         ``prompt_tail`` (the tokens between them skipped from then on) where that feeds
-        fewer tokens than all of it would; so a cache that already holds most of the text
-        (a prefill in parts, ``Run.prefill_part``) goes on reading all of it."""
+        fewer tokens than all of it would (a cache that already holds most of the text
+        goes on reading all of it)."""
         self._skip = None
         tail = self.prompt_tail
         if tail is None or len(context) <= self.PROMPT_SINK + tail:
