@@ -247,6 +247,12 @@ def test_longer_and_longer_prefixes_are_read_whole(draft_model):
     assert drafter.backend.cached_token_ids == LONG[:-1]
 
 
+@pytest.mark.parametrize("tail", [0, -3])
+def test_a_prompt_tail_must_be_positive(draft_model, tail):
+    with pytest.raises(ValueError, match="positive count or None"):
+        ModelDrafter(backend(draft_model), prompt_tail=tail)
+
+
 def test_a_text_that_does_not_go_on_from_the_last_is_fitted_anew(draft_model):
     drafter = ModelDrafter(backend(draft_model), prompt_tail=TAIL)
     drafter.prepare(LONG)

@@ -63,6 +63,8 @@ class ModelDrafter(StepwiseDrafter):
     ):
         """``prompt_tail``: how many of a prompt's last tokens the draft reads (besides its
         first ``PROMPT_SINK``); None: all of it."""
+        if prompt_tail is not None and prompt_tail < 1:
+            raise ValueError(f"prompt_tail must be a positive count or None, not {prompt_tail}")
         self.backend = backend
         self.vocab_size = backend.vocab_size
         self.guide = guide
