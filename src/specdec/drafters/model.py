@@ -72,28 +72,22 @@ class ModelDrafter(StepwiseDrafter):
         self._skip: tuple[int, list[int]] | None = None  # (cut, context[:cut]): ``_fit``
 
     def prepare(self, context: Sequence[int]) -> None:
-        if self.guide is not None:
-            self.guide.prepare(context)  # its index of the prompt, built during prefill
-        self._fit(context)
-        seen = self._seen(context)
-        limit = self.backend.max_length
-        if limit is not None and len(seen) >= limit:
-            return  # longer than the draft's window (a llama.cpp n_ctx): it will not draft
-        sync_cache(self.backend, list(seen[:-1]))  # the last token is fed by the first propose
+        self.prepare_part(context, len(context))  # all of it: the last token left unfed
 
     def prepare_part(self, prompt: Sequence[int], given: int) -> None:
         """A part of ``prepare(prompt)`` (``Run.prefill_part``: longer parts in turn), as
         far as the prompt's first ``given`` tokens: that share of what the draft reads of
         the prompt, so that parts of a long prompt fill the draft's cache with its first
-        tokens and tail as one ``prepare`` would."""
+        tokens and tail as one ``prepare`` would. The last token read is left to the first
+        ``propose``."""
         if self.guide is not None:
-            self.guide.prepare(prompt[:given])
+            self.guide.prepare(prompt[:given])  # its index of the prompt, built during prefill
         self._fit(prompt)
         seen = self._seen(prompt)
         limit = self.backend.max_length
         if limit is not None and len(seen) >= limit:
-            return
-        rows = -(-(len(seen) - 1) * given // len(prompt))  # rounded up
+            return  # longer than the draft's window (a llama.cpp n_ctx): it will not draft
+        rows = -(-(len(seen) - 1) * given // max(len(prompt), 1))  # rounded up
         sync_cache(self.backend, list(seen[:rows]))
 
     def _fit(self, context: Sequence[int]) -> None:

@@ -303,7 +303,7 @@ __attribute__((always_inline)) inline void add_values_group(const float* p, int6
 // softmax(q.k * scaling) v for each, over the `held` keys and values of the buffer and then
 // `n_path` more in a row (a draft tree's row: its path's own, gathered; none for a causal
 // row, whose keys are all in the buffer). Each key and value row is read once for the group
-// (values: once for four heads); each head's numbers are computed in the same order whatever
+// (values: once for kValueHeads heads); each head's numbers are computed in the same order whatever
 // the group, and a tree row's are those of its path's row computed as a chain, bit for bit
 // (the same keys in the same order: a key's score does not depend on its neighbours, and the
 // values add in order).
@@ -323,13 +323,11 @@ SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
     for (; e < end; ++e) s[e] = exp_one(s[e] - top);
   }
   // Each head's total summed in order of j; the heads' sums side by side (one chain each).
-  float totals[kMaxGroup] = {};
   for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {
     const int64_t heads = std::min<int64_t>(kMaxGroup, group - g0);
-    float* t = totals;
-    for (int64_t g = 0; g < heads; ++g) t[g] = 0.0f;
+    float totals[kMaxGroup] = {};
     for (int64_t j = 0; j < end; ++j) {
-      for (int64_t g = 0; g < heads; ++g) t[g] += scores[(g0 + g) * end + j];
+      for (int64_t g = 0; g < heads; ++g) totals[g] += scores[(g0 + g) * end + j];
     }
     for (int64_t g = 0; g < heads; ++g) {
       float* o = out + (g0 + g) * d;
@@ -339,7 +337,7 @@ SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
     add_values_group(scores + g0 * end + held, end, heads, path_values, n_path, d, out + g0 * d);
     for (int64_t g = 0; g < heads; ++g) {
       float* o = out + (g0 + g) * d;
-      const float inverse = 1.0f / t[g];
+      const float inverse = 1.0f / totals[g];
       for (int64_t i = 0; i < d; ++i) o[i] *= inverse;
     }
   }
