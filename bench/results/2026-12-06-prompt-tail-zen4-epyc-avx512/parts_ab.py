@@ -9,40 +9,20 @@ all the parts, the draft's rows, and the first tokens (greedy) after the parts.
 import statistics
 import sys
 import time
-from pathlib import Path
 
-import specdec
+from long_prompts import long_prompts, model_member
+
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.drafters.model import ModelDrafter
 from specdec.drafters.recipe import DraftSources, build_drafter
 from specdec.loading import load_backend
 from specdec.machine import cpu_name
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
-from specdec.prompting import encode_prompt
 from specdec.runtime import load_draft
 
 target = load_backend(DEFAULT_TARGET, "int4")
 draft, _ = load_draft(DEFAULT_DRAFT, "int4", target_runtime="int4")
-source = (Path(specdec.__file__).parent / "engine.py").read_text()
-prompts = {
-    "760": encode_prompt(
-        target.tokenizer, "Summarize what this code does:\n" + source[:3000], "chat"
-    ),
-    "1424": encode_prompt(
-        target.tokenizer, "What could go wrong in this code?\n" + source[4600:10600], "chat"
-    ),
-}
+prompts = long_prompts(target.tokenizer, ("long-760", "long-1500"))
 print(cpu_name(), flush=True)
-
-
-def model_member(drafter):
-    if isinstance(drafter, ModelDrafter):
-        return drafter
-    for member in getattr(drafter, "drafters", []):
-        if (found := model_member(member)) is not None:
-            return found
-    return None
-
 
 results: dict = {}
 for turn in range(int(sys.argv[1])):
@@ -66,8 +46,9 @@ for turn in range(int(sys.argv[1])):
     print("turn", turn, flush=True)
 for (name, tail), got in results.items():
     same = all(t == results[(name, None)][0][2] for _, _, t in got)
+    length = len(prompts[name])
     print(
-        f"{name}-token prompt, draft reads {'all' if tail is None else f'4 + {tail}'}: "
+        f"{length}-token prompt, draft reads {'all' if tail is None else f'4 + {tail}'}: "
         f"prefill parts {statistics.median(s for s, _, _ in got):.2f} s, "
         f"draft rows {got[0][1]}" + ("" if same else ", DIFFERENT tokens")
     )

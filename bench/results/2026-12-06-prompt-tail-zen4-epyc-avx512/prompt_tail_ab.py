@@ -13,17 +13,15 @@ PROMPTS: workload names or prompt ids of the bench's workloads (``edit,summary-1
 import statistics
 import sys
 import time
-from pathlib import Path
 
-import specdec
+from long_prompts import long_prompts, model_member
+
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.bench.harness import encode_items, load_workloads
-from specdec.drafters.model import ModelDrafter
 from specdec.drafters.recipe import DraftSources, build_drafter
 from specdec.loading import load_backend
 from specdec.machine import cpu_name
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
-from specdec.prompting import encode_prompt
 from specdec.runtime import load_draft
 
 turns, wanted, tails, max_tokens = (
@@ -37,25 +35,9 @@ draft, _ = load_draft(DEFAULT_DRAFT, "int4", target_runtime="int4")
 items = [i for i in load_workloads() if i.id.split("-")[0] in wanted or i.id in wanted]
 prompts = encode_items(target.tokenizer, items)
 if "long" in wanted:
-    source = (Path(specdec.__file__).parent / "engine.py").read_text()
-    for name, text in (
-        ("long-760", "Summarize what this code does:\n" + source[:3000]),
-        ("long-400", "Explain this code:\n" + source[3000:4600]),
-        ("long-1500", "What could go wrong in this code?\n" + source[4600:10600]),
-    ):
-        prompts[name] = encode_prompt(target.tokenizer, text, "chat")
+    prompts |= long_prompts(target.tokenizer)
 params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
 print(cpu_name(), flush=True)
-
-
-def model_member(drafter):
-    """The ModelDrafter in a fallback chain."""
-    if isinstance(drafter, ModelDrafter):
-        return drafter
-    for member in getattr(drafter, "drafters", []):
-        if (found := model_member(member)) is not None:
-            return found
-    return None
 
 
 results: dict = {}
