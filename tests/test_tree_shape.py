@@ -8,6 +8,7 @@ from specdec.tree import (
     chain_length,
     check,
     children,
+    choose_copy,
     choose_siblings,
     path_rows,
     row_depths,
@@ -42,6 +43,46 @@ def test_the_shaper_waits_for_measured_costs():
     # passes of 3 and 4 rows cost nearly the same: a likely leaf pays
     assert policy.siblings([0.55, 0.55], [0.95, 0.95]) != []
     assert policy.pass_seconds == {3: 0.030, 4: 0.031}, "costs are kept by rows scored"
+
+
+def test_a_copy_is_verified_as_far_as_its_guesses_pay():
+    # the chain: depth 0 accepted 0.5 of the time; the guesses part from it at depth 0 and
+    # are accepted 0.3, then 0.9 and 0.1 of the time: 1.5 tokens for a 1.0 s pass without
+    cheap = lambda n: 1.0 + 0.05 * max(0, n - 2)  # noqa: E731
+    # 1 guess: 1.8 tokens / 1.05 s = 1.71 tok/s; 2: 2.07 / 1.1 = 1.88; 3: 2.097 / 1.15 = 1.82
+    assert choose_copy([0.5], 0, [0.3, 0.9, 0.1], 2, 0.0, cheap) == 2
+    assert choose_copy([0.5], 0, [0.3, 0.9, 0.1], 2, 0.0, lambda n: float(n)) == 0
+    assert choose_copy([0.5], 0, [0.0, 0.0], 2, 0.0, cheap) == 0, "a guess never taken"
+    # a branch deeper down is reached only when the chain is: it gains less
+    assert choose_copy([0.1, 0.5], 1, [0.3], 3, 0.0, lambda n: 1.0 + 0.1 * (n - 3)) == 0
+    assert choose_copy([0.9, 0.5], 1, [0.3], 3, 0.0, lambda n: 1.0 + 0.1 * (n - 3)) == 1
+    # after the chain's end (the chain stopped first): reached when all of it is accepted
+    assert choose_copy([0.9], 1, [0.5], 2, 0.0, lambda n: 1.0 + 0.1 * (n - 2)) == 1
+
+
+def test_the_copy_rule_learns_what_the_guesses_are_worth():
+    policy = AdaptiveK(max_k=4)
+    assert policy.copy_length([0.5, 0.5], 3, 0, 3) == 0, "no branch before costs are measured"
+    for _ in range(5):  # a row past 3 costs 5 ms, a draft step 5 ms
+        policy.observe(Round(2, 1, [0.5, 0.5], 0.01, 0.030, rows=3))
+        policy.observe(Round(2, 1, [0.5, 0.5], 0.01, 0.045, rows=6))
+    # 1.75 tokens a round in 40 ms; the prior's first guess: 2.02 in 45 ms; a second 2.09 in 50
+    assert policy.copy_rates()[0] == pytest.approx(0.27), "the measured prior"
+    assert policy.copy_length([0.5, 0.5], 3, 0, 3) == 1
+    # branches reached and never taken: their estimate falls and they are left out
+    for _ in range(12):
+        policy.observe(Round(2, 1, [0.5, 0.5], 0.01, 0.045, rows=6, copy=(0, 3, 0)))
+    assert policy.copy_rates()[0] < 0.05
+    assert policy.copy_length([0.5, 0.5], 3, 0, 3) == 0
+    # a branch never reached (the chain rejected before its depth) says nothing
+    before = [list(counts) for counts in policy.copy_counts]
+    policy.observe(Round(2, 0, [0.5, 0.5], 0.01, 0.045, rows=6, copy=(1, 3, 0)))
+    assert policy.copy_counts == before
+    # branches taken whole: every guess's estimate rises
+    for _ in range(12):
+        policy.observe(Round(2, 0, [0.5, 0.5], 0.01, 0.045, rows=6, copy=(0, 3, 3)))
+    assert min(policy.copy_rates()[:3]) > 0.8
+    assert policy.copy_length([0.5, 0.5], 3, 0, 3) == 3
 
 
 def test_shapes():

@@ -22,8 +22,8 @@ scheme. MUTANTS, each run through the real ``verify_tree_stochastic``:
   each sibling accepted with the target's p(x) left after the rejected ones were zeroed but
   not renormalised (injected into ``_without``);
 - ``a sampled leaf kept only when its own token is likely``: which siblings are verified
-  decided by their own drawn tokens (``drafters.model.second_choice`` decides from the
-  runner-up's probability instead, the same whichever token was drawn).
+  decided by their own drawn tokens (the model drafter decides from the runner-up's
+  probability instead, ``drafters.model.runner_up``: the same whichever token is drawn).
 
 Not a mutant: sampled drafts verified as point masses (accept x with p(x), else drop x and
 renormalise) are exact whatever chose them, as the top-k drafts are (the walk is then a

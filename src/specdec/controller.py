@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from specdec.theory import expected_tokens_per_round_by_position
-from specdec.tree import choose_siblings
+from specdec.tree import choose_copy, choose_siblings
 
 BUCKETS = 10
 POSITION_PRIOR = 0.8  # optimistic: acceptance of a same-family draft model
@@ -42,6 +42,10 @@ PRIOR_WEIGHT = 1.0  # pseudo-observations of the prior, never decayed
 EXPLORE_EVERY = 16  # rounds between drafts one token deeper than the best estimate
 COST_WINDOW = 5  # observations a cost estimate is the median of
 TRUSTED_AFTER = 3  # observations before a pass size's own cost is believed over its neighbours'
+# A guide's first guess where the draft parts from it, accepted once that depth is reached:
+# 7 of 26 such branches over 20 prompts of the bench's four workloads (0 of 8 on code, 5 of
+# 12 on edits; bench/results/2026-12-06-tree-copy-zen4-epyc-avx512).
+COPY_PRIOR = 0.27
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,9 @@ class Round:
     caught_up: bool = False
     rows: int | None = None  # rows the target's pass scored (None: k + 1, a chain's)
     batch: int = 1  # requests the pass scored together (continuous batching: ``Costs``)
+    # A tree's branch of a guide's guesses (``Proposal.copied``): the depth it hung at, its
+    # guesses verified, how many of them were accepted. None: the round had none.
+    copy: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -84,6 +91,9 @@ class AdaptiveK:
     # Decayed (accepted, reached) pseudo-counts: per draft position, and per confidence bucket.
     position_counts: list[list[float]] = field(default_factory=list)
     bucket_counts: list[list[float]] = field(default_factory=list)
+    # A tree's branches of guide guesses (``Round.copy``), per guess: decayed once a round
+    # that had one, as such rounds are few.
+    copy_counts: list[list[float]] = field(default_factory=list)
     # Costs alone and in a batch, kept apart: in a batched pass a request is charged its
     # share of the pass and of the lockstep draft passes (``engine.step_together``), a
     # fraction of what the same sizes cost it alone. In one table, a request alone after a
@@ -101,6 +111,7 @@ class AdaptiveK:
         self.position_counts = self.position_counts or [[0.0, 0.0] for _ in range(self.max_k)]
         # Buckets' prior (in _rate): a calibrated drafter, acceptance = its confidence.
         self.bucket_counts = self.bucket_counts or [[0.0, 0.0] for _ in range(BUCKETS)]
+        self.copy_counts = self.copy_counts or [[0.0, 0.0] for _ in range(self.max_k)]
 
     # ---- costs, in the setting decisions are made for ----------------------------------
 
@@ -191,6 +202,26 @@ class AdaptiveK:
         draft = len(confidences) * self.draft_step_seconds
         return choose_siblings(acceptance, leaves, draft, self.pass_estimate)
 
+    def copy_length(self, confidences: list[float], rows: int, at: int, length: int) -> int:
+        """How many of a guide's ``length`` guesses a tree verifies as a branch at depth
+        ``at`` (``tree.choose_copy``), beside ``rows`` rows: the chain's acceptance from its
+        confidences, the guesses' as measured in the rounds that had such a branch; costs
+        as measured. None before costs are measured."""
+        if self.draft_step_seconds is None or not self.pass_seconds:
+            return 0
+        acceptance = [self.acceptance_at(c) for c in confidences]
+        draft = len(confidences) * self.draft_step_seconds
+        copy = self.copy_rates()[:length]
+        return choose_copy(acceptance, at, copy, rows, draft, self.pass_estimate)
+
+    def copy_rates(self) -> list[float]:
+        """P(a branch's guess i is accepted | its depth reached and the guesses before it
+        accepted): each guess borrows the estimate of the one before it as its prior."""
+        rates: list[float] = []
+        for counts in self.copy_counts:
+            rates.append(_rate(counts, rates[-1] if rates else COPY_PRIOR))
+        return rates
+
     def tree_nodes(self, paths: list[list[float]], passes: int) -> int:
         """How many nodes of a deep tree the target verifies (``tree.likeliest_first``):
         ``paths`` holds each node's path confidences, likeliest node first, ancestors before
@@ -271,6 +302,14 @@ class AdaptiveK:
                 bucket = self.bucket_counts[_bucket(confidences[position])]
                 bucket[0] += accepted
                 bucket[1] += 1.0
+        if round_.copy is not None and num_accepted >= round_.copy[0]:  # the branch reached
+            _, length, taken = round_.copy
+            for counts in self.copy_counts:
+                counts[0] *= self.decay
+                counts[1] *= self.decay
+            for guess in range(min(length, taken + 1, len(self.copy_counts))):
+                self.copy_counts[guess][0] += float(guess < taken)
+                self.copy_counts[guess][1] += 1.0
 
 
 @dataclass

@@ -324,11 +324,12 @@ class Run:
         result = self._verify(proposal, logits)
         started = time.perf_counter()
         k = chain_length(proposal.parents, nodes)  # a tree's leading chain
-        chain_accepted = min(result.num_accepted, k)
+        chain_accepted, copy_taken = min(result.num_accepted, k), 0
         if proposal.parents is not None:  # keep the accepted path's rows, drop the rest
             rows = path_rows(result.path)
             self.target.keep_path(len(self.context) - 1, rows)  # type: ignore[attr-defined]
             chain_accepted = sum(node < k for node in result.path)
+            copy_taken = sum(node >= nodes - proposal.copied for node in result.path)
             logits = logits[rows]
         # Keep the last context token and the accepted drafts; the new token is fed next round.
         self.target.truncate(len(self.context) + result.num_accepted)
@@ -341,7 +342,7 @@ class Run:
         if observe and proposal.drafter != FORCED:
             self.speculation.observe(
                 k, proposal, chain_accepted, draft_seconds, pass_seconds, self.stats.rounds - 1,
-                rows=nodes + 1, batch=batch,
+                rows=nodes + 1, batch=batch, copy_taken=copy_taken,
             )  # fmt: skip
         chunk = self._emit(result, proposal, logits)
         self.stats.total_seconds = time.perf_counter() - self.started

@@ -34,6 +34,7 @@ from specdec.drafters.base import (
     Growth,
     KeepGoing,
     Proposal,
+    Siblings,
     drafting_of,
     grows_trees,
     prepare_part,
@@ -151,9 +152,11 @@ class Speculation:
         if self.tree == "deep":  # shaped by measured costs once a shaper has them
             if shaper is None:
                 return Growth()
-            return Growth(keep=shaper.tree_nodes, leaves=shaper.siblings)
+            return Growth(
+                keep=shaper.tree_nodes, leaves=Siblings(shaper.siblings, shaper.copy_length)
+            )
         if self.tree == "auto" and shaper is not None:
-            return shaper.siblings
+            return Siblings(shaper.siblings, shaper.copy_length)
         return None
 
     def observe(
@@ -166,10 +169,12 @@ class Speculation:
         round_index: int,
         rows: int | None = None,
         batch: int = 1,
+        copy_taken: int = 0,
     ) -> None:
         """The verified round ``round_index`` (already counted), for the k policy (or the
         tree's shaper): ``k`` chain drafts, ``num_accepted`` of them accepted, a pass of
-        ``rows`` (None: k + 1) scored together with ``batch`` - 1 other requests' rows."""
+        ``rows`` (None: k + 1) scored together with ``batch`` - 1 other requests' rows;
+        ``copy_taken`` of a tree's guide guesses (``Proposal.copied``) accepted."""
         policy = cast(AdaptiveK | None, self.policy or self.shaper)  # kinds override
         if policy is None:
             return
@@ -183,16 +188,30 @@ class Speculation:
                 self.sat_out > 0,
                 rows,
                 batch,
+                copy_taken,
             )
         )
 
     @staticmethod
     def _round(
-        k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up, rows=None, batch=1
+        k,
+        proposal,
+        num_accepted,
+        draft_seconds,
+        pass_seconds,
+        caught_up,
+        rows=None,
+        batch=1,
+        copy_taken=0,
     ) -> Round:
+        copy = None
+        if proposal.copied:  # the branch hangs below its first node's parent
+            assert proposal.parents is not None, "a copy is a tree's branch"
+            first = len(proposal.token_ids) - proposal.copied
+            copy = (proposal.parents[first] + 1, proposal.copied, copy_taken)
         return Round(
             k, num_accepted, proposal.confidences, draft_seconds, pass_seconds, caught_up, rows,
-            batch,
+            batch, copy,
         )  # fmt: skip
 
 
@@ -235,12 +254,12 @@ class ChoiceSpeculation(Speculation):
 
     def observe(
         self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index, rows=None,
-        batch=1,
+        batch=1, copy_taken=0,
     ):  # fmt: skip
         assert self.member is not None, "a round of a choice drafts with a member"
         measured = self._round(
             k, proposal, num_accepted, draft_seconds, pass_seconds, self.sat_out > 0,
-            batch=batch,
+            batch=batch, copy_taken=copy_taken,
         )  # fmt: skip
         self.policy.observe(self.member, measured)
 
@@ -297,15 +316,16 @@ class ChainSpeculation(Speculation):
 
     def observe(
         self, k, proposal, num_accepted, draft_seconds, pass_seconds, round_index, rows=None,
-        batch=1,
+        batch=1, copy_taken=0,
     ):  # fmt: skip
         if self.policy is None:
             return
         member = self.chain_member if k else None
         caught_up = self._record_feed(member, round_index)
         measured = self._round(
-            k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up, rows, batch
-        )
+            k, proposal, num_accepted, draft_seconds, pass_seconds, caught_up, rows, batch,
+            copy_taken,
+        )  # fmt: skip
         self.policy.observe(member, measured)
 
     def _record_feed(self, member: str | None, round_index: int) -> bool:

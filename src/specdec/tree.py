@@ -22,6 +22,7 @@ rows instead of a fixed budget).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 
 def chain(k: int) -> list[int]:
@@ -109,6 +110,39 @@ def choose_siblings(
         chosen.append(depth)
         expected, rows, rate = expected + gains[depth], rows + 1, longer
     return sorted(chosen)
+
+
+def choose_copy(
+    acceptance: Sequence[float],  # the chain's: P(its node at each depth is accepted)
+    at: int,  # the depth where the guide's guesses part from the chain
+    copy_acceptance: Sequence[float],  # P(guess i accepted | depth ``at`` reached, i - 1 were)
+    rows: int,  # the tree's rows without the guesses
+    draft_seconds: float,  # the round's drafting
+    pass_seconds: Callable[[int], float],  # a target pass of n rows
+) -> int:
+    """How many of the guide's guesses to verify as a branch at depth ``at`` (0: none): the
+    count whose round has the highest expected tokens per second, the fewest among equals.
+    Guess i pays a token when the chain's first ``at`` nodes and the guesses before it are
+    accepted; the chain's own tokens from depth ``at`` on and the branch exclude each other,
+    so their expectations add.
+
+    >>> flat = lambda n: 1.0  # rows cost nothing: every guess with a chance pays
+    >>> choose_copy([0.5, 0.5], 1, [0.3, 0.9, 0.9], 3, 0.0, flat)
+    3
+    >>> dear = lambda n: float(n)  # each row costs a pass: none does
+    >>> choose_copy([0.5, 0.5], 1, [0.3, 0.9], 3, 0.0, dear)
+    0
+    """
+    reaches = [1.0, *accumulate(acceptance, lambda reach, a: reach * a)]  # [d]: depth d reached
+    expected, branch = sum(reaches), reaches[min(at, len(acceptance))]
+    best, best_rate = 0, expected / (draft_seconds + pass_seconds(rows))
+    for count, a in enumerate(copy_acceptance, start=1):
+        branch *= a
+        expected += branch
+        rate = expected / (draft_seconds + pass_seconds(rows + count))
+        if rate > best_rate:
+            best, best_rate = count, rate
+    return best
 
 
 def likeliest_first(values: Sequence[float], depths: Sequence[int], first: int = 0) -> list[int]:

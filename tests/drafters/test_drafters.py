@@ -15,6 +15,7 @@ from specdec.drafters import (
     NGramModel,
     PromptLookupDrafter,
 )
+from specdec.drafters.model import runner_up, second_choice
 from specdec.sampling import Sampler
 
 
@@ -274,3 +275,21 @@ def test_greedy_with_the_prompt_tail_equals_plain(target_model, draft_model, gui
     assert out.stats.accepted_tokens > 0, "the pair should agree sometimes, or nothing is tested"
     read = len(drafter.backend.cached_token_ids)
     assert read <= SINK + TAIL + len(out.token_ids) + k, "it read the prompt's tail only"
+
+
+@given(st.integers(0, 2**31 - 1), st.sampled_from(["argmax", "first", "last", "any"]))
+@settings(max_examples=40, deadline=None)
+def test_the_runner_up_share_is_the_second_choices(seed, which):
+    """What decides a leaf (``runner_up``) is what ``second_choice`` reports, without its copy."""
+    generator = torch.Generator().manual_seed(seed)
+    dist = torch.softmax(3 * torch.randn(500, generator=generator), dim=-1)
+    chosen = {"argmax": int(dist.argmax()), "first": 0, "last": 499, "any": seed % 500}[which]
+    _, _, share = second_choice(dist, False, chosen, Sampler(SamplingParams()), 0)
+    assert runner_up(dist, chosen) == pytest.approx(share, rel=1e-5)
+
+
+def test_no_runner_up_where_the_choice_holds_all_the_mass():
+    point = torch.zeros(8)
+    point[3] = 1.0
+    assert runner_up(point, 3) == 0.0
+    assert second_choice(point, False, 3, Sampler(SamplingParams()), 0)[0] == -1

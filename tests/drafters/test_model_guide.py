@@ -10,7 +10,7 @@ from helpers import backend
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
 from specdec.drafters import ModelDrafter
-from specdec.drafters.base import Proposal, drive, pass_work
+from specdec.drafters.base import Proposal, Siblings, drive, pass_work
 from specdec.drafters.lookup import PromptLookupDrafter
 from specdec.sampling import Sampler
 
@@ -154,6 +154,7 @@ def test_a_tree_carries_the_copy_where_the_draft_parts_from_it(draft):
     tree = drive(drafter.drafting(CONTEXT, K, None, None, lambda confidences, seconds: []))
     assert tree.token_ids == chain + guesses[2 : K - 1]  # the guide offers K - 1 guesses
     assert tree.parents == [-1, 0, 1, 2, 3, 4, 1, 6, 7] and tree.draft_probs is None
+    assert tree.copied == K - 3
     # A leaf beside every chain node: the one at depth 2 with the copy's token gives way.
     everywhere = lambda confidences, seconds: list(range(len(confidences)))  # noqa: E731
     drafter = ModelDrafter(backend(draft), FixedGuide(guesses))
@@ -161,6 +162,27 @@ def test_a_tree_carries_the_copy_where_the_draft_parts_from_it(draft):
     heads = [(tree.parents[i], tree.token_ids[i]) for i in range(K, len(tree.token_ids))]
     assert len(heads) == len(set(heads)), "no two siblings with one token"
     assert tree.token_ids[-3:] == guesses[2 : K - 1]
+
+
+def test_a_tree_carries_as_much_of_the_copy_as_its_rule_pays_for(draft):
+    chain = ModelDrafter(backend(draft)).propose(CONTEXT, K).token_ids
+    wrong = [(t % 30) + 2 if t != (t % 30) + 2 else 1 for t in chain]
+    guesses = chain[:2] + wrong[2:]
+    asked = []
+
+    def one_guess(confidences, rows, at, length):
+        asked.append((len(confidences), rows, at, length))
+        return 1
+
+    drafter = ModelDrafter(backend(draft), FixedGuide(guesses))
+    tree = drive(drafter.drafting(CONTEXT, K, None, None, Siblings(lambda c, s: [], one_guess)))
+    assert asked == [(K, K + 1, 2, K - 3)], "the chain, its rows, where the copy parts, its length"
+    assert tree.token_ids == chain + guesses[2:3] and tree.copied == 1
+    assert tree.parents == [-1, 0, 1, 2, 3, 4, 1]
+    none = Siblings(lambda c, s: [], lambda confidences, rows, at, length: 0)
+    drafter = ModelDrafter(backend(draft), FixedGuide(guesses))
+    tree = drive(drafter.drafting(CONTEXT, K, None, None, none))
+    assert tree.token_ids == chain and tree.copied == 0
 
 
 @pytest.mark.parametrize("tree", ["full", "auto"])

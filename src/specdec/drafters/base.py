@@ -15,6 +15,21 @@ KeepGoing = Callable[[list[float]], bool]
 # depth, the draft's probability of its second choice once the first is ruled out, the
 # depths (0-based) that get that second choice as a leaf.
 Leaves = Callable[[list[float], list[float]], list[int]]
+# How many of a guide's guesses to verify beside the chain where the draft parts from them
+# (``drafters.model.with_copy``): given the chain's confidences, the tree's rows so far, the
+# depth where they part and how many guesses are left, a count from 0 to that many.
+CopyLength = Callable[[list[float], int, int, int], int]
+
+
+@dataclass(frozen=True)
+class Siblings:
+    """A chain's tree shaped by measured costs (``SpecConfig.tree = "auto"``): ``leaves``
+    picks the depths that get the draft's second choice; ``copy`` how many of the guide's
+    guesses are verified as a branch where the draft parts from them. A bare ``Leaves`` as
+    a branch verifies every such guess."""
+
+    leaves: Leaves
+    copy: CopyLength
 
 
 @dataclass(frozen=True)
@@ -30,10 +45,10 @@ class Growth:
     width: int = 3
     beam: int = 3
     keep: Callable[[list[list[float]], int], int] | None = None
-    leaves: Leaves | None = None
+    leaves: Leaves | Siblings | None = None
 
 
-Branch = Leaves | Growth  # what a drafter that grows trees is asked for
+Branch = Leaves | Siblings | Growth  # what a drafter that grows trees is asked for
 
 
 @dataclass(frozen=True)
@@ -48,6 +63,9 @@ class Proposal:
     # A tree (``specdec.tree``): node i under node parents[i] (-1: the root); None: a chain.
     # ``confidences`` are then the leading chain's.
     parents: list[int] | None = None
+    # A tree's last ``copied`` nodes: a guide's guesses, one branch hung where the draft
+    # parted from them (``drafters.model.with_copy``)
+    copied: int = 0
 
     def __post_init__(self) -> None:
         if self.draft_probs is not None:

@@ -10,10 +10,12 @@ from specdec.backends.base import Backend, common_prefix_length, sync_cache
 from specdec.config import SamplingParams
 from specdec.drafters.base import (
     Branch,
+    CopyLength,
     Drafting,
     Growth,
     KeepGoing,
     Proposal,
+    Siblings,
     StepwiseDrafter,
 )
 from specdec.drafters.lookup import PromptLookupDrafter
@@ -158,6 +160,10 @@ class ModelDrafter(StepwiseDrafter):
                 )
                 return (yield from grown)
             branch = branch.leaves
+        copy_length = None  # every guess the draft parts from is verified
+        if isinstance(branch, Siblings):
+            copy_length = branch.copy
+            branch = branch.leaves
         token_ids: list[int] = []
         probs: list[torch.Tensor] = []
         confidences: list[float] = []
@@ -190,7 +196,9 @@ class ModelDrafter(StepwiseDrafter):
                 logits = (yield (self.backend, [token_id]))[-1]
         if branch is not None:
             tree = self._tree(context, token_ids, probs, confidences, dists, sampler, branch)
-            return with_copy(tree, offered, token_ids, sampled=bool(probs), coupled=sampler.coupled)
+            return with_copy(
+                tree, offered, token_ids, bool(probs), sampler.coupled, copy_length
+            )  # fmt: skip
         return Proposal(
             token_ids,
             torch.stack(probs) if probs else None,
@@ -324,23 +332,36 @@ class ModelDrafter(StepwiseDrafter):
         return path[::-1]
 
     def _tree(self, context, token_ids, probs, confidences, dists, sampler, branch) -> Proposal:
-        """The chain and, at the depths ``branch`` picks, the second choice as a leaf."""
+        """The chain and, at the depths ``branch`` picks from each depth's runner-up, the
+        second choice as a leaf (drawn only there: a second choice copies its row, the
+        runner-up's share only reads it)."""
         sampled = bool(probs)
-        seconds = [
-            second_choice(dist, sampled, token_ids[depth], sampler, len(context) + depth)
-            for depth, dist in enumerate(dists)
+        shares = [
+            runner_up(dist, token_id) for dist, token_id in zip(dists, token_ids, strict=True)
         ]
-        leaves = [d for d in branch(confidences, [s[2] for s in seconds]) if seconds[d][0] >= 0]
+        seconds = {
+            depth: second_choice(
+                dists[depth], sampled, token_ids[depth], sampler, len(context) + depth
+            )
+            for depth in branch(confidences, shares)
+        }
+        leaves = [depth for depth, second in seconds.items() if second[0] >= 0]
         parents = [*chain(len(token_ids)), *(d - 1 for d in leaves)]
         nodes = token_ids + [seconds[d][0] for d in leaves]
         draft_probs = None
-        if probs:
-            draft_probs = torch.stack([*probs, *(seconds[d][1] for d in leaves)])
+        if probs:  # sampled: each leaf's distribution is the rest it was drawn from
+            rests = [seconds[d][1] for d in leaves]
+            draft_probs = torch.stack([*probs, *(r for r in rests if r is not None)])
         return Proposal(nodes, draft_probs, self.name, confidences, parents)
 
 
 def with_copy(
-    tree: Proposal, offered: list[int], chain_ids: list[int], sampled: bool, coupled: bool
+    tree: Proposal,
+    offered: list[int],
+    chain_ids: list[int],
+    sampled: bool,
+    coupled: bool,
+    copy_length: CopyLength | None = None,
 ) -> Proposal:
     """``tree`` and, where the guide's guesses part from the chain, the rest of them as a
     branch of their own: hung beside the chain's node where the draft picked otherwise (or
@@ -349,7 +370,8 @@ def with_copy(
     the child whose token is the target's own (argmax or keyed sample), whatever the child
     was drawn from; rejection sampling's tries would need each child's own distribution, so
     its trees stay as they are. A leaf with the branch's first token at that depth gives way
-    to it (siblings with one token: the first would end the path)."""
+    to it (siblings with one token: the first would end the path). ``copy_length``: how many
+    of the guesses to hang (None: all), as their measured chance pays for their rows."""
     confirmed = 0
     while (
         confirmed < min(len(offered), len(chain_ids)) and offered[confirmed] == chain_ids[confirmed]
@@ -359,6 +381,11 @@ def with_copy(
     if not copy or (sampled and not coupled):
         return tree
     assert tree.parents is not None, "a tree"
+    if copy_length is not None:
+        assert tree.confidences is not None, "a tree's chain carries its confidences"
+        copy = copy[: copy_length(tree.confidences, len(tree.token_ids) + 1, confirmed, len(copy))]
+        if not copy:
+            return tree
     n_chain = len(chain_ids)
     keep = [
         i
@@ -378,7 +405,18 @@ def with_copy(
         points = torch.zeros(len(copy), tree.draft_probs.shape[1])
         points[torch.arange(len(copy)), torch.tensor(copy)] = 1.0
         draft_probs = torch.cat([tree.draft_probs[nodes], points])
-    return Proposal(token_ids, draft_probs, tree.drafter, tree.confidences, parents)
+    return Proposal(token_ids, draft_probs, tree.drafter, tree.confidences, parents, len(copy))
+
+
+def runner_up(dist: torch.Tensor, chosen: int) -> float:
+    """The likeliest token's probability in ``dist`` once ``chosen`` is ruled out and the
+    rest renormalised (``second_choice``'s third value, up to rounding), from a maximum
+    over the row without copying it; 0.0 where ``chosen`` holds all the mass."""
+    rest = 1.0 - float(dist[chosen])
+    if rest <= 0.0:
+        return 0.0
+    best = max(float(part.max()) for part in (dist[:chosen], dist[chosen + 1 :]) if len(part))
+    return min(1.0, best / rest)
 
 
 def second_choice(
