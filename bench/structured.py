@@ -1,7 +1,9 @@
 """Structured output on the default pair: plain constrained decoding against speculative
 constrained decoding, without and with the grammar's forced tokens as drafts, k = 4 and k auto
 (issue 50). The draft is loaded as generate loads it (``runtime.load_draft``: on int8 and int4
-it scores the shipped vocabulary).
+it scores the shipped vocabulary) and the drafters are built as ``--drafter`` builds them
+(``drafters.recipe``: the draft model with its lookup guide; ``lookup+model``, what
+``--drafter auto`` gives where no heads were made).
 
     python bench/structured.py [--runtime int4] [--max-tokens 128] [--passes 2] [--out DIR]
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.config import Constraint
-from specdec.drafters import ModelDrafter
+from specdec.drafters.recipe import DraftSources, build_drafter
 from specdec.grammar import Grammar
 from specdec.loading import load_backend
 from specdec.machine import cpu_kind, cpu_name
@@ -87,12 +89,14 @@ SCHEMAS = {
         },
     ),
 }
-SYSTEMS = {  # name: how it speculates, whether the grammar is on
-    "plain, no grammar": (SpecConfig(k=0), False),
-    "plain constrained": (SpecConfig(k=0), True),
-    "speculative (model k=4)": (SpecConfig(k=4, forced_drafts=False), True),
-    "speculative + forced (model k=4)": (SpecConfig(k=4), True),
-    "speculative + forced (model k auto)": (SpecConfig(k="auto"), True),
+SYSTEMS = {  # name: the drafter recipe (as --drafter), how it speculates, whether constrained
+    "plain, no grammar": ("none", SpecConfig(k=0), False),
+    "plain constrained": ("none", SpecConfig(k=0), True),
+    "speculative (model k=4)": ("model", SpecConfig(k=4, forced_drafts=False), True),
+    "speculative + forced (model k=4)": ("model", SpecConfig(k=4), True),
+    "speculative + forced (model k auto)": ("model", SpecConfig(k="auto"), True),
+    # what --drafter auto gives where no heads were made
+    "speculative + forced (lookup+model k auto)": ("lookup+model", SpecConfig(k="auto"), True),
 }
 
 
@@ -133,14 +137,14 @@ def main() -> int:
         for schema_name, (request, schema) in SCHEMAS.items():
             constraint = Constraint("json_schema", json.dumps(schema))
             prompt_ids = encode_prompt(target.tokenizer, request, "chat")
-            for system, (spec, constrained) in SYSTEMS.items():
+            for system, (recipe, spec, constrained) in SYSTEMS.items():
                 params = SamplingParams(
                     max_tokens=args.max_tokens,
                     temperature=0.0,
                     constraint=constraint if constrained else None,
                 )
                 target.truncate(0)
-                drafter = None if spec.k == 0 else ModelDrafter(draft)
+                drafter = build_drafter(recipe, DraftSources(draft_model=lambda: draft))
                 out = Engine(target, drafter).generate(prompt_ids, params, spec)
                 if system == "plain constrained":
                     plain_tokens[schema_name] = out.token_ids
