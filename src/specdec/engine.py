@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from specdec.backends.base import Backend, sync_cache, sync_cache_scoring_last
+from specdec.backends.base import Backend, held_prefix, sync_cache, sync_cache_scoring_last
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
 from specdec.detokenizer import Detokenizer
@@ -260,6 +260,20 @@ class Run:
         ``prepare_drafter=False``: the drafter's own prefill is left for its first proposal
         (a batch that is not drafting now)."""
         self.prefill_part(None, prepare_drafter)
+
+    def first_token_part(self, rows: int | None) -> Chunk | None:
+        """For a server that prefills in parts (``prefill_part``): where the prompt takes its
+        first token from the prefill as ``rounds`` does (``FIRST_TOKEN_FROM_PREFILL`` tokens
+        or more) and the rest of the target's prefill fits in ``rows`` (None: any), that
+        last part, scoring the prompt's last token: its first token (``first_token``), for
+        the client at once, before the drafter's prefill and the step the request joins.
+        None: not this part (``prefill_part`` goes on as before)."""
+        if self.generated or len(self.context) < self.FIRST_TOKEN_FROM_PREFILL:
+            return None
+        left = len(self.context) - held_prefix(self.target, self.context)
+        if rows is not None and left > max(rows, 1):
+            return None
+        return self.first_token()
 
     def prefill_part(self, rows: int | None, prepare_drafter: bool = True) -> int:
         """The prefill, or a part of it so that a server can step other requests between

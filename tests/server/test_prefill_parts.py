@@ -65,16 +65,24 @@ def tokens_of(recorded) -> list[int]:
 
 @pytest.fixture
 def parts(monkeypatch) -> list[tuple[Run, int]]:
-    """Every ``Run.prefill_part`` call: the run and the prompt tokens it fed."""
+    """Every part of a prefill (``Run.prefill_part``, and ``Run.first_token`` where a long
+    prompt's last part gives its first token): the run and the prompt tokens it fed."""
     calls = []
-    part = Run.prefill_part
+    part, first_token = Run.prefill_part, Run.first_token
 
     def recorded(run, rows, prepare_drafter=True):
         fed = part(run, rows, prepare_drafter)
         calls.append((run, fed))
         return fed
 
+    def recorded_first(run):
+        held = len(run.target.cached_token_ids)
+        chunk = first_token(run)
+        calls.append((run, len(run.target.cached_token_ids) - held))
+        return chunk
+
     monkeypatch.setattr(Run, "prefill_part", recorded)
+    monkeypatch.setattr(Run, "first_token", recorded_first)
     return calls
 
 
@@ -137,6 +145,35 @@ def test_joining_prompts_advance_together_and_those_that_fit_join_at_once(pair, 
         while entry.job.items[-1:] != [None]:
             scheduler._step_batched([entry])
         assert tokens_of(entry.job) == alone(pair, entry.job.prompt_ids, 8)
+
+
+def test_a_long_prompt_sends_its_first_token_from_its_prefill_before_it_joins(pair, parts):
+    """A prompt of ``Run.FIRST_TOKEN_FROM_PREFILL`` tokens or more: the part that ends the
+    target's prefill scores its last token, and that token goes to the client in that step,
+    while the draft's prefill still has parts to go; a shorter one gets its first token from
+    its first round, as alone."""
+    target, draft, tokenizer = pair
+    scheduler = Scheduler(target, tokenizer, draft, prefill_rows=16)
+    long = _Active(job(random_ids(11, 40, vocab=30), 8))
+    assert Run.FIRST_TOKEN_FROM_PREFILL <= 40
+    fed = [fed_in(parts, lambda: scheduler._step_batched([long]))[long.run] for _ in range(2)]
+    assert fed == [16, 16] and not long.job.items
+    fed = fed_in(parts, lambda: scheduler._step_batched([long]))
+    # the target's last 8 tokens with the first token, then the draft's first 16
+    assert fed[long.run] == 8 + 16 and not long.started
+    assert len(long.job.items) == 1 and len(tokens_of(long.job)) == 1
+    while long.job.items[-1:] != [None]:
+        scheduler._step_batched([long])
+    assert tokens_of(long.job) == alone(pair, long.job.prompt_ids, 8)
+    # one token asked for: the request ends at its prefill, without joining a step
+    once = _Active(job(random_ids(12, 40, vocab=30), 1))
+    while not once.job.items:
+        scheduler._step_batched([once])
+    assert len(tokens_of(once.job)) == 1 and once.job.items[-1] is None and not once.started
+    assert tokens_of(once.job) == alone(pair, once.job.prompt_ids, 1)
+    short = _Active(job(random_ids(13, 12, vocab=30), 8))
+    scheduler._step_batched([short])  # fits one part: prefilled, joined, its first round
+    assert short.started and len(short.job.items) == 1 and len(tokens_of(short.job)) > 1
 
 
 def test_a_request_cancelled_between_its_parts_is_dropped_and_the_others_go_on(pair, parts):

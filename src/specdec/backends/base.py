@@ -69,7 +69,7 @@ def sync_cache(backend: Backend, tokens: Sequence[int], most: int | None = None)
     rest. ``most``: feed at most that many (a part of a prefill; the cache then holds a
     prefix of ``tokens``, and a later call goes on from it). Returns how many tokens a
     forward pass fed (0: none ran)."""
-    keep = _shared_prefix(backend, tokens)
+    keep = held_prefix(backend, tokens)
     if keep == len(tokens):
         return 0
     end = len(tokens) if most is None else min(len(tokens), keep + max(most, 1))
@@ -82,12 +82,12 @@ def sync_cache_scoring_last(backend: Backend, tokens: Sequence[int]) -> torch.Te
     (the cache is cut back by one where it held them all): the logits after the last
     # [1, vocab_size]."""
     assert tokens, "tokens to score"
-    keep = min(_shared_prefix(backend, tokens), len(tokens) - 1)
+    keep = min(held_prefix(backend, tokens), len(tokens) - 1)
     backend.truncate(keep)
     return backend.forward(list(tokens[keep:]), last_only=True)
 
 
-def _shared_prefix(backend: Backend, tokens: Sequence[int]) -> int:
+def held_prefix(backend: Backend, tokens: Sequence[int]) -> int:
     """Keep (or, where the backend can, copy from another sequence: ``reuse_prefix``) the
     longest prefix of ``tokens`` held; its length."""
     reuse = getattr(backend, "reuse_prefix", None)  # a backend that can copy a shared prefix

@@ -266,7 +266,9 @@ class Scheduler:
         first, at most ``prefill_rows`` prompt tokens a step into each model's cache (a
         longer prompt goes on at the next steps; a prefix another request's cache holds is
         copied, not computed: ``ModelSequence.reuse_prefix``); a job whose prefill is done
-        joins the step. Prompts that fit join in the step they come, together."""
+        joins the step. Prompts that fit join in the step they come, together. A long
+        prompt's first token comes from its prefill's last part and goes to its client at
+        once (``Run.first_token_part``), not after the others' prefills and the step."""
         assert self.batched is not None, "only with a batched model"
         jobs, runs = [], []
         reused = self.batched.reused_tokens
@@ -281,6 +283,11 @@ class Scheduler:
                 try:
                     if entry.run is None:
                         entry.run = self._begin(entry.job)
+                    first = entry.run.first_token_part(self.prefill_rows)
+                    if first is not None:  # a long prompt's first token, from its prefill
+                        self._deliver(entry.job, first)
+                        if first.finish_reason is not None:
+                            continue
                     entry.run.prefill_part(self.prefill_rows, prepare_drafter)
                 except Exception as error:
                     self._release(entry.job)
