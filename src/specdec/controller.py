@@ -43,8 +43,9 @@ EXPLORE_EVERY = 16  # rounds between drafts one token deeper than the best estim
 COST_WINDOW = 5  # observations a cost estimate is the median of
 TRUSTED_AFTER = 3  # observations before a pass size's own cost is believed over its neighbours'
 # A guide's first guess where the draft parts from it, accepted once that depth is reached:
-# 7 of 26 such branches over 20 prompts of the bench's four workloads (0 of 8 on code, 5 of
-# 12 on edits; bench/results/2026-12-06-tree-copy-zen4-epyc-avx512).
+# taken in 7 of the 26 rounds that hung one, over 20 prompts of the bench's four workloads (0
+# of 8 on code, 5 of 12 on edits; reached or not, so a little under the chance once reached:
+# bench/results/2026-12-06-tree-copy-zen4-epyc-avx512).
 COPY_PRIOR = 0.27
 
 
@@ -206,7 +207,7 @@ class AdaptiveK:
         """How many of a guide's ``length`` guesses a tree verifies as a branch at depth
         ``at`` (``tree.choose_copy``), beside ``rows`` rows: the chain's acceptance from its
         confidences, the guesses' as measured in the rounds that had such a branch; costs
-        as measured. None before costs are measured."""
+        as measured. None of them (0) before costs are measured."""
         if self.draft_step_seconds is None or not self.pass_seconds:
             return 0
         acceptance = [self.acceptance_at(c) for c in confidences]
