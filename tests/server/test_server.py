@@ -252,7 +252,9 @@ def test_the_int8_and_int4_servers_batch_and_the_float_one_takes_turns(server, m
 
 
 def test_sixteen_parallel_streams_each_equal_their_request_alone(server, models):
-    prompts = [f"parallel {chr(97 + i)} {'x' * i}" for i in range(16)]
+    # 11 to 56 characters: from the 8th on, long enough to take the first token from the
+    # prefill (``Run.FIRST_TOKEN_FROM_PREFILL``), in the batched path too
+    prompts = [f"parallel {chr(97 + i)} {'x' * (3 * i)}" for i in range(16)]
 
     def one(i):
         client = openai.OpenAI(
