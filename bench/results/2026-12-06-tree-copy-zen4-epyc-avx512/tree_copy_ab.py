@@ -1,11 +1,12 @@
 """`tree auto` before and after its copy branch was shaped by measured chance and cost (and
 the runner-up's share read without copying the row), and the chain, in one process.
 
-    python tree_copy_ab.py WORKLOADS PASSES
+    python tree_copy_ab.py WORKLOADS PASSES [TEMPERATURE]
 
 The default int4 pair, the draft model with its lookup guide (as `--drafter model`), k auto,
-greedy, 64 tokens, 3 prompts a workload; the three systems in rotating order each pass. Every
-output must equal the others' (an assertion). "before" is the new code with the two changes
+greedy (or TEMPERATURE with seed 7: coupled verification), 64 tokens, 3 prompts a workload;
+the three systems in rotating order each pass. Every output must equal the others' (an
+assertion). "before" is the new code with the two changes
 undone in this process: the tree's leaves decided from `second_choice` at every depth, and
 every guess the draft parts from hung as a branch.
 """
@@ -61,6 +62,8 @@ SYSTEMS = {  # name: (tree, branch, _tree)
 
 def main() -> None:
     workloads, passes = sys.argv[1].split(","), int(sys.argv[2])
+    temperature = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+    seed = 7 if temperature > 0 else None
     target = load_backend(DEFAULT_TARGET, "int4")
     draft, _ = load_draft(DEFAULT_DRAFT, "int4", target_runtime="int4")
     print(f"CPU: {cpu_name()} ({cpu_kind()}); {passes} passes, rotating order\n")
@@ -78,7 +81,7 @@ def main() -> None:
                     model.ModelDrafter._tree = grow
                     target.truncate(0)
                     drafter = build_drafter("model", DraftSources(draft_model=lambda: draft))
-                    params = SamplingParams(max_tokens=64, temperature=0.0)
+                    params = SamplingParams(max_tokens=64, temperature=temperature, seed=seed)
                     out = Engine(target, drafter).generate(
                         prompt_ids, params, SpecConfig(k="auto", tree=tree)
                     )
