@@ -218,10 +218,7 @@ class AdaptiveK:
     def copy_rates(self) -> list[float]:
         """P(a branch's guess i is accepted | its depth reached and the guesses before it
         accepted): each guess borrows the estimate of the one before it as its prior."""
-        rates: list[float] = []
-        for counts in self.copy_counts:
-            rates.append(_rate(counts, rates[-1] if rates else COPY_PRIOR))
-        return rates
+        return _chained_rates(self.copy_counts, COPY_PRIOR)
 
     def tree_nodes(self, paths: list[list[float]], passes: int) -> int:
         """How many nodes of a deep tree the target verifies (``tree.likeliest_first``):
@@ -247,10 +244,7 @@ class AdaptiveK:
     def position_rates(self) -> list[float]:
         """Acceptance per draft position. A position seldom reached borrows the estimate of
         the one before it as its prior: deep positions look like the last measured one."""
-        rates: list[float] = []
-        for counts in self.position_counts:
-            rates.append(_rate(counts, rates[-1] if rates else POSITION_PRIOR))
-        return rates
+        return _chained_rates(self.position_counts, POSITION_PRIOR)
 
     def acceptance_at(self, confidence: float) -> float:
         bucket = _bucket(confidence)
@@ -292,9 +286,7 @@ class AdaptiveK:
         history = costs.pass_history.setdefault(rows, deque(maxlen=COST_WINDOW))
         history.append(round_.pass_seconds)
         costs.pass_seconds[rows] = statistics.median(history)
-        for counts in self.position_counts + self.bucket_counts:
-            counts[0] *= self.decay
-            counts[1] *= self.decay
+        _decay(self.position_counts + self.bucket_counts, self.decay)
         for position in range(min(k, num_accepted + 1)):  # positions the verifier reached
             accepted = float(position < num_accepted)
             self.position_counts[position][0] += accepted
@@ -305,9 +297,7 @@ class AdaptiveK:
                 bucket[1] += 1.0
         if round_.copy is not None and num_accepted >= round_.copy[0]:  # the branch reached
             _, length, taken = round_.copy
-            for counts in self.copy_counts:
-                counts[0] *= self.decay
-                counts[1] *= self.decay
+            _decay(self.copy_counts, self.decay)
             for guess in range(min(length, taken + 1, len(self.copy_counts))):
                 self.copy_counts[guess][0] += float(guess < taken)
                 self.copy_counts[guess][1] += 1.0
@@ -491,6 +481,23 @@ def _rate(counts: list[float], prior: float) -> float:
     """accepted / reached, with PRIOR_WEIGHT pseudo-observations of ``prior``."""
     accepted, reached = counts
     return (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
+
+
+def _chained_rates(counts: list[list[float]], first_prior: float) -> list[float]:
+    """``_rate`` of each position's counts, with the estimate of the position before it as
+    its prior (the first's: ``first_prior``): a position seldom reached looks like the last
+    one measured."""
+    rates: list[float] = []
+    for position in counts:
+        rates.append(_rate(position, rates[-1] if rates else first_prior))
+    return rates
+
+
+def _decay(counts: list[list[float]], decay: float) -> None:
+    """Age every (accepted, reached) pair by one round, in place."""
+    for pair in counts:
+        pair[0] *= decay
+        pair[1] *= decay
 
 
 def _bucket(confidence: float) -> int:

@@ -350,8 +350,9 @@ class ModelDrafter(StepwiseDrafter):
         nodes = token_ids + [seconds[d][0] for d in leaves]
         draft_probs = None
         if probs:  # sampled: each leaf's distribution is the rest it was drawn from
-            rests = [seconds[d][1] for d in leaves]
-            draft_probs = torch.stack([*probs, *(r for r in rests if r is not None)])
+            rests = [rest for d in leaves if (rest := seconds[d][1]) is not None]
+            assert len(rests) == len(leaves), "a sampled leaf has the rest it was drawn from"
+            draft_probs = torch.stack([*probs, *rests])
         return Proposal(nodes, draft_probs, self.name, confidences, parents)
 
 
