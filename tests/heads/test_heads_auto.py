@@ -188,6 +188,37 @@ def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     assert recipe == "lookup+model" and "--workload-file" not in why  # the model kept: no hint
 
 
+def test_auto_gives_a_long_prompt_the_heads_where_it_picks_the_draft_model(
+    tmp_path, target_model, trained
+):
+    """From LONG_PROMPT tokens on, generate's auto drafts with the heads and prompt lookup
+    in front where it would take the draft model; the reason says so. A shorter prompt,
+    heads predicted no faster than plain, and serve (no lookup in front) keep the choice
+    made without the prompt's length."""
+    from specdec.heads.load import LONG_PROMPT, NO_HEADS, auto_recipe
+
+    target = backend(target_model)
+    fingerprint = target_fingerprint(target_model)
+    entry = store.entry_dir(str(tmp_path), fingerprint, "tiny")
+    long = {"prompt_tokens": LONG_PROMPT}
+    assert auto_recipe(target, str(tmp_path), "tiny", **long) == ("lookup+model", NO_HEADS)
+    heads, _ = trained["eagle"]
+    store.save(entry, "eagle", heads.config.to_dict() | {"fingerprint": fingerprint}, {})
+    store.save_eval(entry, "eagle", {"predicted_speedup": 1.3})
+    store.save_eval(entry, "model", {"predicted_speedup": 1.5})
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "lookup+model"
+    short = auto_recipe(target, str(tmp_path), "tiny", prompt_tokens=LONG_PROMPT - 1)
+    assert short[0] == "lookup+model"
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny", **long)
+    assert recipe == "lookup+eagle" and f"a prompt of {LONG_PROMPT} tokens" in why
+    assert "eagle 1.30x, model 1.50x" in why  # the predictions still shown
+    assert auto_recipe(target, str(tmp_path), "tiny", lookup_in_front=False, **long)[0] == "model"
+    store.save_eval(entry, "eagle", {"predicted_speedup": 1.0})  # no faster than plain
+    assert auto_recipe(target, str(tmp_path), "tiny", **long)[0] == "lookup+model"
+    store.save_eval(entry, "eagle", {"predicted_speedup": 2.0})  # the heads picked anyway
+    assert auto_recipe(target, str(tmp_path), "tiny", **long)[0] == "lookup+eagle"
+
+
 def test_auto_uses_the_evaluations_made_with_the_targets_runtime(tmp_path, trained):
     """An int4 step costs about half an int8 one, so c and v (and the predictions) differ
     by runtime: an int4 target goes by evaluations made with an int4 target, and by the

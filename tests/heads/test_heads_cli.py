@@ -89,6 +89,22 @@ def test_heads_cli_end_to_end(tmp_path, model_dir, capsys, monkeypatch):
     ]
     assert main([*auto, "--draft-runtime", "transformers", *common]) == 0
     assert "drafter auto -> " in capsys.readouterr().err
+    # Where auto picks the draft model, a prompt of LONG_PROMPT tokens or more (a character
+    # a token here) drafts with the heads predicted fastest, prompt lookup in front
+    from specdec.heads import store
+    from specdec.heads.load import LONG_PROMPT
+
+    (entry,) = (tmp_path / "cache" / "heads").iterdir()
+    for kind, speedup in (("model", 1.5), ("eagle", 1.3), ("medusa", 0.9)):
+        store.save_eval(entry, kind, {"predicted_speedup": speedup}, "float32")
+    long_prompt = ("the cat sat on the mat. " * 8)[: LONG_PROMPT + 8]
+    for prompt, picked in (("the cat", "lookup+model"), (long_prompt, "lookup+eagle")):
+        at = auto.index("the cat")
+        args = [*auto[:at], prompt, *auto[at + 1 :], "--draft-runtime", "transformers"]
+        assert main([*args, *common]) == 0
+        err = capsys.readouterr().err
+        assert f"drafter auto -> {picked} (" in err, err
+        assert (f"tokens (>= {LONG_PROMPT})" in err) == (picked == "lookup+eagle"), err
     # --unroll, with data at hand: Medusa refuses it, and it is bounded
     for args, message in [
         (["--kind", "medusa", "--unroll", "2"], "--unroll is for EAGLE"),

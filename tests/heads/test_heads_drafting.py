@@ -84,6 +84,39 @@ def test_greedy_with_heads_equals_plain(target_model, trained, kind, k):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("pattern", ["(ab|cd)+e{3}f", "[a-h ]{5,30}\\.", "[a-z]{8,20}"])
+def test_constrained_drafting_with_heads_equals_plain_constrained(
+    target_model, tokenizer, trained, kind, pattern
+):
+    """Heads (alone and behind prompt lookup, what ``--drafter auto`` gives a long prompt)
+    under a grammar: greedy output equal to plain constrained decoding's, k fixed and auto."""
+    import re
+
+    from specdec.config import Constraint
+    from specdec.drafters import FallbackDrafter, PromptLookupDrafter
+
+    heads, _ = trained[kind]
+    constraint = Constraint("regex", pattern)
+    params = SamplingParams(max_tokens=40, temperature=0.0, constraint=constraint)
+    prompt = [5, 9, 2, 7, 3, 5, 9, 2]
+    plain = Engine(backend(target_model, tokenizer)).generate(prompt, params)
+    assert re.fullmatch(pattern, plain.text) or plain.finish_reason == "length"
+    drafted = 0  # by the heads themselves, not the grammar's forced tokens
+    for spec in (SpecConfig(k=3), SpecConfig(k="auto")):
+        for in_front in (False, True):
+            target = backend(target_model, tokenizer)
+            drafter = heads.drafter(target)
+            if in_front:
+                drafter = FallbackDrafter([PromptLookupDrafter(), drafter])
+            out = Engine(target, drafter).generate(prompt, params, spec)
+            assert out.token_ids == plain.token_ids, (spec, in_front)
+            assert out.finish_reason == plain.finish_reason
+            drafted += out.stats.by_drafter.get(drafter.name, {}).get("drafted", 0)
+            drafted += out.stats.by_drafter.get(kind, {}).get("drafted", 0)
+    assert drafted > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_eos_inside_an_accepted_block_ends_the_output(trained, kind):
     model = tiny_llama(seed=0)  # the conftest target, EOS id 0 honoured here
     heads, _ = trained[kind]

@@ -340,6 +340,11 @@ def constraint_of(args: argparse.Namespace) -> Constraint | None:
     return None
 
 
+def _prompt_tokens(args: argparse.Namespace, target) -> int:
+    """How long the prompt is in tokens, for ``--drafter auto`` (``heads.load.auto_recipe``)."""
+    return len(encode_prompt(target.tokenizer, args.prompt, args.template))
+
+
 def build_engine(args: argparse.Namespace, recipe: str):
     from specdec.backends.compat import check_same_vocabulary
     from specdec.drafters import NGramModel
@@ -361,8 +366,9 @@ def build_engine(args: argparse.Namespace, recipe: str):
             from specdec.heads.load import NO_HEADS, auto_recipe
 
             recipe, why = auto_recipe(
-                target, args.cache_dir, args.target, can_choose=args.k == "auto"
-            )
+                target, args.cache_dir, args.target, can_choose=args.k == "auto",
+                prompt_tokens=_prompt_tokens(args, target) if args.tree == "off" else None,
+            )  # fmt: skip
             if why != NO_HEADS:  # the usual case for a new user says nothing
                 sys.stderr.write(f"specdec: drafter auto -> {recipe} ({why})\n")
 

@@ -103,12 +103,18 @@ def quantize(net: nn.Module, int4: bool = False) -> nn.Module:
 NO_HEADS = "no heads trained and evaluated for this target"
 
 
+# ``--drafter auto`` for one prompt of this many tokens or more (``generate``): where heads are
+# trained and the draft model is picked, the heads with prompt lookup in front instead.
+LONG_PROMPT = 64
+
+
 def auto_recipe(
     target,
     cache_dir: str | None = None,
     target_name: str = "target",
     can_choose: bool = True,
     lookup_in_front: bool = True,
+    prompt_tokens: int | None = None,
 ):
     """``--drafter auto``: (recipe, why). Prompt lookup in front of the drafter predicted fastest
     (``_auto_drafter``; not in front of a choice) when ``lookup_in_front``, as for ``generate``
@@ -126,9 +132,55 @@ def auto_recipe(
     1.041 / 1.152 / 1.499 and 1.095 / 0.966 / 1.158 / 1.431 of EAGLE alone; in front of the 0.5B
     draft 1.003 / 1.029 / 1.095 / 1.290 of it (docs/notes/heads.md, "Prompt lookup in front")."""
     recipe, why = _auto_drafter(target, cache_dir, target_name, can_choose)
+    if lookup_in_front and prompt_tokens is not None and prompt_tokens >= LONG_PROMPT:
+        heads = _long_prompt_heads(recipe, target, cache_dir, target_name)
+        if heads is not None:
+            return f"lookup+{heads}", (
+                f"{why}; a prompt of {prompt_tokens} tokens (>= {LONG_PROMPT}): the {heads} "
+                "heads, which need no prefill of their own, with prompt lookup in front"
+            )
     if lookup_in_front and not is_choice(recipe):
         return f"lookup+{recipe}", why
     return recipe, why
+
+
+def _long_prompt_heads(recipe: str, target, cache_dir: str | None, target_name: str) -> str | None:
+    """The heads kind a long prompt drafts with instead of the draft model ``recipe`` names
+    (the one predicted fastest of those trained and evaluated), or None: ``recipe`` is not
+    the draft model, or no heads are predicted above plain decoding.
+
+    Why: ``heads eval``'s prediction counts neither the draft model's prefill of the prompt
+    (about a third of the target's, before the first draft) nor its catching up on the
+    tokens prompt lookup copied, and the heads, reading the target's own features, pay
+    neither; on edits and summaries, whose replies copy from long prompts, lookup+eagle ran
+    ahead of lookup+model where the prediction put the draft model first, and behind it on
+    short code prompts (docs/notes/heads.md, "By the prompt's length")."""
+    if recipe != "model":
+        return None
+    found = _predictions(target, cache_dir, target_name)
+    if found is None:
+        return None
+    predicted = {kind: x for kind, x in found[0].items() if kind != "model" and x > 1.0}
+    return max(predicted, key=lambda kind: predicted[kind]) if predicted else None
+
+
+def _predictions(
+    target, cache_dir: str | None, target_name: str
+) -> tuple[dict[str, float], bool, str] | None:
+    """The speedups ``heads eval`` predicted on this machine by drafter kind, whether on
+    unseen prompts, and the target runtime they were made with: this target's, else int8's
+    where only those have heads among them. None: not a target heads draft for."""
+    from specdec.backends.hf import HFModel
+
+    if not isinstance(target, HFModel):
+        return None
+    entry = store.entry_dir(cache_dir, target_fingerprint(target.model), target_name)
+    evals = store.read_evals(entry)
+    runtime = model_runtime(target.model)
+    predicted, on_unseen = _predicted(evals, runtime, entry)
+    if not set(predicted) - {"model"} and runtime != "int8":
+        (predicted, on_unseen), runtime = _predicted(evals, "int8", entry), "int8"
+    return predicted, on_unseen, runtime
 
 
 def _auto_drafter(
@@ -154,16 +206,10 @@ def _auto_drafter(
     Costs differ by target runtime (an int4 step is about half an int8 one), so the
     evaluations made with this target's runtime are used (``heads eval --dtype``); where
     there are none with heads among them, those made with the int8 target, saying so."""
-    from specdec.backends.hf import HFModel
-
-    if not isinstance(target, HFModel):
+    found = _predictions(target, cache_dir, target_name)
+    if found is None:
         return "model", "heads need the transformers runtime"
-    entry = store.entry_dir(cache_dir, target_fingerprint(target.model), target_name)
-    evals = store.read_evals(entry)
-    runtime = model_runtime(target.model)
-    predicted, on_unseen = _predicted(evals, runtime, entry)
-    if not set(predicted) - {"model"} and runtime != "int8":
-        (predicted, on_unseen), runtime = _predicted(evals, "int8", entry), "int8"
+    predicted, on_unseen, runtime = found
     if not set(predicted) - {"model"}:
         return "model", NO_HEADS
     best = max(predicted, key=lambda kind: predicted[kind])
