@@ -298,8 +298,7 @@ def run(args: argparse.Namespace) -> int:
             "--tree grows draft trees from the draft model's second choices: use --drafter "
             "model (or a chain with it, lookup+model)"
         )
-    engine = build_engine(args, args.drafter)
-    prompt_ids = encode_prompt(engine.target.tokenizer, args.prompt, args.template)
+    engine, prompt_ids = build_engine(args, args.drafter)
     compare_runs = args.compare_runs if args.compare or args.compare_runs > 1 else 0
 
     if args.json:
@@ -340,12 +339,9 @@ def constraint_of(args: argparse.Namespace) -> Constraint | None:
     return None
 
 
-def _prompt_tokens(args: argparse.Namespace, target) -> int:
-    """How long the prompt is in tokens, for ``--drafter auto`` (``heads.load.auto_recipe``)."""
-    return len(encode_prompt(target.tokenizer, args.prompt, args.template))
-
-
 def build_engine(args: argparse.Namespace, recipe: str):
+    """The engine ``args`` ask for and the prompt's tokens (encoded once the target's
+    tokenizer is loaded: ``--drafter auto`` goes by the prompt's length)."""
     from specdec.backends.compat import check_same_vocabulary
     from specdec.drafters import NGramModel
     from specdec.drafters.recipe import DraftSources, build_drafter
@@ -362,12 +358,13 @@ def build_engine(args: argparse.Namespace, recipe: str):
         target = runtime.load(args.target, args.cache_dir, progress)
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
+        prompt_ids = encode_prompt(target.tokenizer, args.prompt, args.template)
         if recipe == "auto":
             from specdec.heads.load import NO_HEADS, auto_recipe
 
             recipe, why = auto_recipe(
                 target, args.cache_dir, args.target, can_choose=args.k == "auto",
-                prompt_tokens=_prompt_tokens(args, target) if args.tree == "off" else None,
+                prompt_tokens=len(prompt_ids) if args.tree == "off" else None,
             )  # fmt: skip
             if why != NO_HEADS:  # the usual case for a new user says nothing
                 sys.stderr.write(f"specdec: drafter auto -> {recipe} ({why})\n")
@@ -390,7 +387,7 @@ def build_engine(args: argparse.Namespace, recipe: str):
             lookup_ngrams=(args.lookup_max_ngram, args.lookup_min_ngram),
         )
         drafter = build_drafter(recipe if args.k != 0 else "none", sources)
-    return Engine(target, drafter)
+    return Engine(target, drafter), prompt_ids
 
 
 def read_stdin_prompt() -> str:

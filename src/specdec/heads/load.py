@@ -131,9 +131,10 @@ def auto_recipe(
     runs, chat / code / edit / summary: in front of EAGLE 1.010 / 0.985 / 1.261 / 1.427, 1.011 /
     1.041 / 1.152 / 1.499 and 1.095 / 0.966 / 1.158 / 1.431 of EAGLE alone; in front of the 0.5B
     draft 1.003 / 1.029 / 1.095 / 1.290 of it (docs/notes/heads.md, "Prompt lookup in front")."""
-    recipe, why = _auto_drafter(target, cache_dir, target_name, can_choose)
+    found = _predictions(target, cache_dir, target_name)
+    recipe, why = _auto_drafter(found, can_choose)
     if lookup_in_front and prompt_tokens is not None and prompt_tokens >= LONG_PROMPT:
-        heads = _long_prompt_heads(recipe, target, cache_dir, target_name)
+        heads = _long_prompt_heads(recipe, found)
         if heads is not None:
             return f"lookup+{heads}", (
                 f"{why}; a prompt of {prompt_tokens} tokens (>= {LONG_PROMPT}): the {heads} "
@@ -144,9 +145,9 @@ def auto_recipe(
     return recipe, why
 
 
-def _long_prompt_heads(recipe: str, target, cache_dir: str | None, target_name: str) -> str | None:
+def _long_prompt_heads(recipe: str, found: tuple[dict[str, float], bool, str] | None) -> str | None:
     """The heads kind a long prompt drafts with instead of the draft model ``recipe`` names
-    (the one predicted fastest of those trained and evaluated), or None: ``recipe`` is not
+    (the one predicted fastest in ``found``, ``_predictions``), or None: ``recipe`` is not
     the draft model, or no heads are predicted above plain decoding.
 
     Why: ``heads eval``'s prediction counts neither the draft model's prefill of the prompt
@@ -155,10 +156,7 @@ def _long_prompt_heads(recipe: str, target, cache_dir: str | None, target_name: 
     neither; on edits and summaries, whose replies copy from long prompts, lookup+eagle ran
     ahead of lookup+model where the prediction put the draft model first, and behind it on
     short code prompts (docs/notes/heads.md, "By the prompt's length")."""
-    if recipe != "model":
-        return None
-    found = _predictions(target, cache_dir, target_name)
-    if found is None:
+    if recipe != "model" or found is None:
         return None
     predicted = {kind: x for kind, x in found[0].items() if kind != "model" and x > 1.0}
     return max(predicted, key=lambda kind: predicted[kind]) if predicted else None
@@ -184,7 +182,7 @@ def _predictions(
 
 
 def _auto_drafter(
-    target, cache_dir: str | None, target_name: str, can_choose: bool
+    found: tuple[dict[str, float], bool, str] | None, can_choose: bool
 ) -> tuple[str, str]:
     """The drafter with the highest speedup predicted by ``specdec heads eval`` on this
     machine (acceptance on the target's replies to unseen prompts, else on held-out chunks;
@@ -206,7 +204,6 @@ def _auto_drafter(
     Costs differ by target runtime (an int4 step is about half an int8 one), so the
     evaluations made with this target's runtime are used (``heads eval --dtype``); where
     there are none with heads among them, those made with the int8 target, saying so."""
-    found = _predictions(target, cache_dir, target_name)
     if found is None:
         return "model", "heads need the transformers runtime"
     predicted, on_unseen, runtime = found
