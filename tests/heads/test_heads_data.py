@@ -168,3 +168,119 @@ def test_collecting_does_not_begin_a_pass_that_would_end_past_its_minutes(tokeni
         target, [corpus], tmp_path / "data", "tiny", length=16, minutes=2.0 / 60.0
     )
     assert sum(shard["chunks"] for shard in manifest["shards"]) == 2
+
+
+CODE_CORPUS = '''\
+import os
+
+
+def documented(path, mode="r"):
+    """Open the file at path and return its first line, stripped of whitespace."""
+    with open(path, mode) as handle:
+        return handle.readline().strip()
+
+
+@staticmethod
+def decorated(x):
+    """Double x and add one to the result, for numbers of any kind."""
+    return 2 * x + 1
+
+
+def _private(x):
+    """A private helper that nobody outside this module should be calling."""
+    return x
+
+
+def undocumented(x):
+    return x
+
+
+def terse(x):
+    """Return x."""
+    return x
+
+
+def only_a_docstring():
+    """A function whose body is its docstring and nothing else at all here."""
+
+
+def flatten(nested):
+    """Flatten a list of lists into one list, keeping the order of the items."""
+    return [item for inner in nested for item in inner]
+
+
+class Box:
+    def method(self):
+        """A method, not a top-level function: the prompts take functions only."""
+        return self
+'''
+
+
+def test_builtin_code_prompts_are_signatures_and_docstrings(tmp_path):
+    """A public top-level function with a docstring of some length and a body, cut after
+    its docstring (decorators kept); neither private, undocumented, tersely documented,
+    bodiless, nested nor benchmark-named functions (``flatten`` is an unseen prompt's)."""
+    from specdec.heads.code_prompts import builtin_code_prompts
+
+    (tmp_path / "a.py").write_text(CODE_CORPUS)
+    (tmp_path / "broken.py").write_text("def (:\n")  # unparsable: skipped
+    prompts = builtin_code_prompts([tmp_path / "a.py", tmp_path / "broken.py"])
+    assert sorted(prompts) == sorted([
+        'def documented(path, mode="r"):\n    """Open the file at path and return its first '
+        'line, stripped of whitespace."""\n',
+        '@staticmethod\ndef decorated(x):\n    """Double x and add one to the result, for '
+        'numbers of any kind."""\n',
+    ])  # fmt: skip
+
+
+def test_builtin_code_prompts_from_the_standard_library_avoid_every_benchmark():
+    from specdec.heads import data
+    from specdec.heads.code_prompts import builtin_code_prompts
+
+    files = data.corpus_files([data.default_corpus()], data.CORPUS_SUFFIXES)
+    prompts = builtin_code_prompts(files)
+    assert len(prompts) > 500
+    assert builtin_code_prompts(files) == prompts  # a fixed order: a rerun resumes the list
+    workloads = resources.files("specdec.bench") / "workloads"
+    texts = [workloads / f"{w}.jsonl" for w in ("code", "edit", "summary", "chat")]
+    from specdec.heads.evaluate import UNSEEN_PROMPTS
+
+    names = {
+        name
+        for text in [*texts, UNSEEN_PROMPTS]
+        for line in text.read_text().splitlines()
+        for name in re.findall(r"(?:def|class)\s+(\w+)", json.loads(line)["prompt"])
+    }
+    assert "flatten" in names and "quicksort" in names  # the check reads the prompts' names
+    for prompt in prompts:
+        assert re.search(r"def\s+(\w+)", prompt).group(1) not in names, prompt
+
+
+def test_raw_replies_complete_the_prompt_as_it_is(quantized_target, tmp_path):
+    """``template="raw"`` (code prompts): the prompt's own tokens, no chat template, then the
+    target's reply to them alone."""
+    target = quantized_target
+    prompt = "def f(x):\n"
+    [document] = replies(target, [prompt], 8, tmp_path / "r.jsonl", seed=3, template="raw")
+    ids = list(target.tokenizer.encode(prompt))
+    params = SamplingParams(max_tokens=8, temperature=0.7, seed=3)
+    alone = Engine(backend(target.model, target.tokenizer)).generate(ids, params)
+    assert document.token_ids == ids + alone.token_ids
+
+
+def test_code_data_is_its_own_source(tmp_path, model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.py").write_text(CODE_CORPUS)
+    common = ["--target", str(model_dir), "--dtype", "int8", "--length", "32"]
+    code = ["heads", "data", "--code", "--corpus", str(corpus), "--reply-tokens", "40", *common]
+    assert main(code) == 0  # until the prompts run out
+    err = capsys.readouterr().err
+    found = re.search(r"(\d+) code;", err)
+    assert found and int(found.group(1)) >= 2, err  # two replies of 40 tokens, 32 a chunk
+    entry = next((tmp_path / "cache" / "heads").iterdir())
+    saved = [json.loads(line) for line in (entry / "data" / "code-replies.jsonl").open()]
+    assert sorted(row["prompt"] for row in saved) == [0, 1]  # both functions completed
+    assert main(["heads", "data", "--code", "--chat", *common]) == 2
+    assert "give one of --corpus, --chat, --chat-prompts, --code" in capsys.readouterr().err

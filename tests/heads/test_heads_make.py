@@ -24,7 +24,7 @@ def test_the_plan_runs_the_recipes_commands_in_order():
     assert compared[-1].argv == ("eval", "--kind", "model") and compared[-1].share == 0
     medusa = phases("medusa", chat=False, length=64)
     assert [p.name for p in medusa] == ["code", "train", "eval"]
-    assert medusa[0].argv == ("data", "--length", "64")
+    assert medusa[0].argv == ("data", "--code", "--length", "64")  # the library completed
     with pytest.raises(ValueError, match="eagle or medusa"):
         phases("hydra")
 

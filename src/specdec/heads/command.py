@@ -77,23 +77,31 @@ def add_parser(commands, parser_class) -> None:
         "reply still ran through the target twice)",
     )
     data.add_argument(
+        "--code",
+        action="store_true",
+        help="instead of a corpus: the target completes the documented functions of the "
+        "corpus (default: the standard library), each given as its signature and docstring "
+        "in raw code as a code prompt is, so the heads learn the bodies the target itself "
+        "writes; replies sampled and saved as --chat's",
+    )
+    data.add_argument(
         "--batch",
         type=int,
         default=32,
-        help="--chat/--chat-prompts: replies written together, one target pass for a token "
+        help="--chat/--chat-prompts/--code: replies written together, one target pass for a token "
         "of each (int8/int4 runtimes; each reply as the target writes it alone; default 32)",
     )
     data.add_argument(
         "--reply-tokens",
         type=int,
         default=256,
-        help="--chat/--chat-prompts: tokens of each reply at most (default: 256)",
+        help="--chat/--chat-prompts/--code: tokens of each reply at most (default: 256)",
     )
     data.add_argument(
         "--reply-temperature",
         type=float,
         default=REPLY_TEMPERATURE,
-        help="--chat/--chat-prompts: the temperature the target's replies are sampled at "
+        help="--chat/--chat-prompts/--code: the temperature the target's replies are sampled at "
         f"(default: {REPLY_TEMPERATURE}; 0: its greedy replies). A data directory holds "
         "replies of one temperature: give another --data for another",
     )
@@ -249,7 +257,8 @@ def add_parser(commands, parser_class) -> None:
     making.add_argument(
         "--corpus",
         nargs="+",
-        help="files or directories for the code data (default: the Python standard library)",
+        help="files or directories read as the code data (default: the target completes "
+        "the documented functions of the Python standard library, as 'heads data --code')",
     )
     making.add_argument(
         "--suffix",
@@ -265,7 +274,7 @@ def add_parser(commands, parser_class) -> None:
     making.add_argument(
         "--no-chat",
         action="store_true",
-        help="no chat data: the corpus alone (heads for code; its share goes to the others)",
+        help="no chat data: the code data alone (heads for code; its share goes to the others)",
     )
     making.add_argument(
         "--reply-tokens",
@@ -375,9 +384,11 @@ def check_data_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--length must be >= 16, got {args.length}")
     if args.minutes <= 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
-    if sum(map(bool, (args.chat_prompts, args.corpus, args.chat))) > 1:
+    corpus_alone = args.corpus and not args.code  # --code completes the corpus's functions
+    if sum(map(bool, (args.chat_prompts, corpus_alone, args.chat, args.code))) > 1:
         raise ValueError(
-            "give one of --corpus, --chat, --chat-prompts (run again to add another source)"
+            "give one of --corpus, --chat, --chat-prompts, --code (--code reads the functions "
+            "of --corpus; run again to add another source)"
         )
     if args.reply_tokens < 1:
         raise ValueError(f"--reply-tokens must be >= 1, got {args.reply_tokens}")
@@ -515,14 +526,20 @@ def _data(args, target, fingerprint, data_dir, progress) -> int:
 
     files: list[Path] = []
     documents = None
-    if args.chat_prompts or args.chat:
+    source = "corpus"
+    if args.chat_prompts or args.chat or args.code:
         from specdec.heads.chat_prompts import builtin_prompts
+        from specdec.heads.code_prompts import builtin_code_prompts
 
-        prompts = (
-            data.read_prompts(Path(args.chat_prompts)) if args.chat_prompts else builtin_prompts()
-        )
+        if args.code:
+            corpus = data.corpus_files(args.corpus or [data.default_corpus()], args.suffix)
+            prompts, source, template = builtin_code_prompts(corpus), "code", "raw"
+        elif args.chat_prompts:
+            prompts, source, template = data.read_prompts(Path(args.chat_prompts)), "chat", "chat"
+        else:
+            prompts, source, template = builtin_prompts(), "chat-builtin", "chat"
         data_dir.mkdir(parents=True, exist_ok=True)
-        saved = data_dir / ("replies.jsonl" if args.chat_prompts else "builtin-replies.jsonl")
+        saved = data_dir / data.SAVED_REPLIES[source]
         documents = data.replies(
             target,
             prompts,
@@ -530,6 +547,7 @@ def _data(args, target, fingerprint, data_dir, progress) -> int:
             saved,
             batch=args.batch,
             temperature=args.reply_temperature,
+            template=template,
         )
         what = f"{len(prompts)} prompts and the target's replies"
     else:
@@ -544,7 +562,7 @@ def _data(args, target, fingerprint, data_dir, progress) -> int:
         args.max_tokens,
         args.minutes,
         progress,
-        source="corpus" if documents is None else "chat" if args.chat_prompts else "chat-builtin",
+        source=source,
         documents=documents,
     )
     by_source: dict[str, int] = {}

@@ -42,6 +42,12 @@ FORMAT = "specdec-heads-data/1"
 REPLY_TEMPERATURE = 0.7  # the target's replies are sampled at this temperature by default
 HELD_OUT = 20  # every 20th chunk is held out for evaluation
 CHUNKS_PER_SHARD = 8
+# where each source of replies keeps them (``replies``), by the source name its chunks carry
+SAVED_REPLIES = {
+    "chat": "replies.jsonl",
+    "chat-builtin": "builtin-replies.jsonl",
+    "code": "code-replies.jsonl",
+}
 MANIFEST = "manifest.json"
 CORPUS_SUFFIXES = (".py",)  # read under corpus directories unless --suffix says otherwise
 
@@ -148,9 +154,11 @@ def replies(
     seed: int = 0,
     batch: int = 32,
     temperature: float = REPLY_TEMPERATURE,
+    template: str = "chat",
 ) -> Iterator[Document]:
-    """Each prompt (through the chat template) followed by the target's own reply, in the
-    order the replies were finished, with the features the target made while writing it.
+    """Each prompt (through the chat template, or as it is: ``template`` "raw") followed by
+    the target's own reply, in the order the replies were finished, with the features the
+    target made while writing it.
     Replies already in ``saved`` (a JSON line each, naming its prompt) are read back first,
     in their order there (without features), and new ones appended, so a rerun yields the
     same token ids in the same order.
@@ -189,7 +197,8 @@ def replies(
         temporary.replace(saved)
     yield from (Document(ids) for index, ids in done.items() if index < len(prompts))
     # A model without a chat template has no conversation format: its prompts go in raw.
-    template = "chat" if getattr(target.tokenizer, "chat_template", None) else "raw"
+    if not getattr(target.tokenizer, "chat_template", None):
+        template = "raw"
     requests = [
         (index, encode_prompt(target.tokenizer, prompts[index], template))
         for index in range(len(prompts))
