@@ -10,8 +10,9 @@ the acceptance rate of draft j is measured over positions where drafts 1..j-1 we
 and equal the text (the greedy chain the engine would run). Costs are timed on the loaded
 target: a chain of k drafts against a one-token step and a (k+1)-token pass, interleaved.
 
-Held-out chunks come from the heads' own training sources (the standard library, the built-in
-chat requests), which favours the heads over the draft model. So the same agreement is also
+Held-out chunks come from the heads' own training sources (the target's completions of the
+standard library's functions or the library itself, its replies to the built-in chat
+requests), which favours the heads over the draft model. So the same agreement is also
 measured on the target's greedy replies to ``UNSEEN_PROMPTS`` (code completions, questions,
 edits and summaries that neither the heads' data nor the bench's workloads hold), and that
 prediction is what ``--drafter auto`` compares (``heads.load``).
