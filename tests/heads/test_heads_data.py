@@ -284,3 +284,8 @@ def test_code_data_is_its_own_source(tmp_path, model_dir, capsys, monkeypatch):
     assert sorted(row["prompt"] for row in saved) == [0, 1]  # both functions completed
     assert main(["heads", "data", "--code", "--chat", *common]) == 2
     assert "give one of --corpus, --chat, --chat-prompts, --code" in capsys.readouterr().err
+    prose = tmp_path / "prose"
+    prose.mkdir()
+    (prose / "a.py").write_text("x = 1\n\n\ndef f():\n    return x\n")  # nothing documented
+    assert main(["heads", "data", "--code", "--corpus", str(prose), *common]) == 2
+    assert "--code: no public function with a docstring" in capsys.readouterr().err

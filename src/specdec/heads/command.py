@@ -534,6 +534,11 @@ def _data(args, target, fingerprint, data_dir, progress) -> int:
         if args.code:
             corpus = data.corpus_files(args.corpus or [data.default_corpus()], args.suffix)
             prompts, source, template = builtin_code_prompts(corpus), "code", "raw"
+            if not prompts:
+                raise ValueError(
+                    "--code: no public function with a docstring and a body in the corpus's "
+                    f"{len(corpus)} files (it completes Python functions)"
+                )
         elif args.chat_prompts:
             prompts, source, template = data.read_prompts(Path(args.chat_prompts)), "chat", "chat"
         else:

@@ -22,6 +22,10 @@ back from an earlier run, or written on another runtime, are run again in prefil
 replies are saved as they are written (``builtin-replies.jsonl``, ``replies.jsonl``), so a
 rerun continues without generating them again. Each source keeps its own count of chunks,
 so all can share one data directory.
+
+Code the target writes (``--code``): the same, for the standard library's documented functions
+cut after their docstrings (``code_prompts.py``), given raw as a code prompt is, so the heads
+learn the bodies the target writes rather than the library's own.
 """
 
 from __future__ import annotations
