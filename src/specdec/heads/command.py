@@ -82,7 +82,8 @@ def add_parser(commands, parser_class) -> None:
         help="instead of a corpus: the target completes the documented functions of the "
         "corpus (default: the standard library), each given as its signature and docstring "
         "in raw code as a code prompt is, so the heads learn the bodies the target itself "
-        "writes; replies sampled and saved as --chat's",
+        "writes; replies sampled and saved as --chat's (measured on 2 cores: 18 minutes "
+        "wrote 200 chunks, 102k tokens, with the int4 1.5B on a Zen 4 EPYC)",
     )
     data.add_argument(
         "--batch",
