@@ -39,17 +39,18 @@ def builtin_code_prompts(files: Iterable[Path], seed: int = 0) -> list[str]:
             continue
         lines = source.splitlines(keepends=True)
         for node in tree.body:
-            prompt = _head(node, lines)
-            if prompt is not None and node.name not in taken:  # type: ignore[attr-defined]
-                prompts.append(prompt)
+            if isinstance(node, ast.FunctionDef) and node.name not in taken:
+                prompt = _head(node, lines)
+                if prompt is not None:
+                    prompts.append(prompt)
     random.Random(seed).shuffle(prompts)
     return prompts
 
 
-def _head(node: ast.stmt, lines: list[str]) -> str | None:
-    """``node``'s source up to the end of its docstring, or None if it is not a public
-    function with a docstring worth completing."""
-    if not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or not node.body:
+def _head(node: ast.FunctionDef, lines: list[str]) -> str | None:
+    """``node``'s source up to the end of its docstring, or None if it is not public or has
+    no docstring worth completing."""
+    if node.name.startswith("_"):
         return None
     first = node.body[0]
     docstring = ast.get_docstring(node)
