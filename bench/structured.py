@@ -3,9 +3,12 @@ constrained decoding, without and with the grammar's forced tokens as drafts, k 
 (issue 50). The draft is loaded as generate loads it (``runtime.load_draft``: on int8 and int4
 it scores the shipped vocabulary) and the drafters are built as ``--drafter`` builds them
 (``drafters.recipe``: the draft model with its lookup guide; ``lookup+model``, what
-``--drafter auto`` gives where no heads were made).
+``--drafter auto`` gives where no heads were made). ``--heads`` adds the EAGLE heads made
+for the target (``specdec heads make``; ``--cache-dir`` where they are), alone and with
+prompt lookup in front.
 
     python bench/structured.py [--runtime int4] [--max-tokens 128] [--passes 2] [--out DIR]
+                               [--heads] [--cache-dir DIR]
 
 Three JSON schemas of different shapes, asked for through the chat template, greedy. Per
 schema and system: tokens/s (medians over interleaved passes), the share of tokens the
@@ -27,6 +30,7 @@ from specdec import Engine, SamplingParams, SpecConfig
 from specdec.config import Constraint
 from specdec.drafters.recipe import DraftSources, build_drafter
 from specdec.grammar import Grammar
+from specdec.heads.load import load_heads
 from specdec.loading import load_backend
 from specdec.machine import cpu_kind, cpu_name
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -98,6 +102,12 @@ SYSTEMS = {  # name: the drafter recipe (as --drafter), how it speculates, wheth
     # what --drafter auto gives where no heads were made
     "speculative + forced (lookup+model k auto)": ("lookup+model", SpecConfig(k="auto"), True),
 }
+# with --heads: the trained EAGLE heads, alone and as --drafter auto puts them for a prompt
+# of 64+ tokens (heads.load.auto_recipe)
+HEADS_SYSTEMS = {
+    "speculative + forced (eagle k auto)": ("eagle", SpecConfig(k="auto"), True),
+    "speculative + forced (lookup+eagle k auto)": ("lookup+eagle", SpecConfig(k="auto"), True),
+}
 
 
 def _valid(text: str, schema: dict) -> bool:
@@ -128,23 +138,37 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--heads",
+        action="store_true",
+        help="also draft with the EAGLE heads trained for the target ('specdec heads make')",
+    )
+    parser.add_argument("--cache-dir", default=None, help="model and heads cache (--heads)")
     args = parser.parse_args()
-    target = load_backend(DEFAULT_TARGET, args.runtime)
-    draft, _ = load_draft(DEFAULT_DRAFT, args.runtime, target_runtime=args.runtime)  # as generate
+    target = load_backend(DEFAULT_TARGET, args.runtime, cache_dir=args.cache_dir)
+    draft, _ = load_draft(
+        DEFAULT_DRAFT, args.runtime, target_runtime=args.runtime, cache_dir=args.cache_dir
+    )  # as generate
+    systems = SYSTEMS | (HEADS_SYSTEMS if args.heads else {})
+    heads = load_heads("eagle", target, args.cache_dir, DEFAULT_TARGET) if args.heads else None
+    sources = DraftSources(
+        draft_model=lambda: draft,
+        heads={"eagle": lambda: heads.drafter(target)} if heads is not None else {},
+    )
     rows: dict[tuple[str, str], list] = {}
     plain_tokens: dict[str, list[int]] = {}
     for _ in range(args.passes):
         for schema_name, (request, schema) in SCHEMAS.items():
             constraint = Constraint("json_schema", json.dumps(schema))
             prompt_ids = encode_prompt(target.tokenizer, request, "chat")
-            for system, (recipe, spec, constrained) in SYSTEMS.items():
+            for system, (recipe, spec, constrained) in systems.items():
                 params = SamplingParams(
                     max_tokens=args.max_tokens,
                     temperature=0.0,
                     constraint=constraint if constrained else None,
                 )
                 target.truncate(0)
-                drafter = build_drafter(recipe, DraftSources(draft_model=lambda: draft))
+                drafter = build_drafter(recipe, sources)
                 out = Engine(target, drafter).generate(prompt_ids, params, spec)
                 if system == "plain constrained":
                     plain_tokens[schema_name] = out.token_ids
@@ -181,7 +205,7 @@ def main() -> int:
         base = statistics.median(
             r["tokens_per_second"] for r in rows[(schema_name, "plain constrained")]
         )
-        for system in SYSTEMS:
+        for system in systems:
             runs = rows[(schema_name, system)]
             tps = statistics.median(r["tokens_per_second"] for r in runs)
             summary[f"{schema_name} / {system}"] = {
