@@ -7,6 +7,8 @@ v:     cost of a (k + 1)-token verify pass / cost of one target step (1 when mem
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
     """E[tokens emitted per round] = (1 - alpha^(k+1)) / (1 - alpha).
@@ -47,6 +49,24 @@ def expected_tokens_per_round_by_position(acceptance: list[float], k: int) -> fl
         reach *= alpha
         expected += reach
     return expected
+
+
+def best_speedup_by_position(
+    acceptance: list[float], c: float, verify_cost: Mapping[int, float]
+) -> float | None:
+    """The highest of the paper's speedups over k = 1..len(acceptance), tokens a round (a
+    rate per position) over k c + v(k + 1), for the k whose pass size ``verify_cost`` has;
+    None where it has none of them.
+
+    >>> round(best_speedup_by_position([0.8, 0.5], 0.1, {2: 1.1, 3: 1.2}), 3)
+    1.571
+    """
+    speedups = [
+        expected_tokens_per_round_by_position(acceptance[:k], k) / (k * c + verify_cost[k + 1])
+        for k in range(1, len(acceptance) + 1)
+        if k + 1 in verify_cost
+    ]
+    return max(speedups) if speedups else None
 
 
 def speedup_curve(alpha: float, c: float, verify_cost: list[float], max_k: int) -> list[float]:

@@ -188,6 +188,35 @@ def test_auto_picks_the_best_evaluated_drafter(tmp_path, target_model, trained):
     assert recipe == "lookup+model" and "--workload-file" not in why  # the model kept: no hint
 
 
+def test_auto_compares_drafters_over_one_verify_cost_curve(tmp_path, target_model, trained):
+    """Each evaluation timed the target's passes at its own moment; compared, the drafters'
+    predictions are recomputed over the median curve of the two, from each one's acceptance
+    and draft cost. Here the heads' evaluation timed its passes in a quiet moment (v(2) 0.95):
+    by their own curves the heads come first (1.47x against 1.23x), by the shared one the
+    draft model (1.39x against 1.26x)."""
+    from specdec.heads.load import auto_recipe
+
+    target = backend(target_model)
+    fingerprint = target_fingerprint(target_model)
+    entry = store.entry_dir(str(tmp_path), fingerprint, "tiny")
+    heads, _ = trained["eagle"]
+    store.save(entry, "eagle", heads.config.to_dict() | {"fingerprint": fingerprint}, {})
+    eagle = {"acceptance_by_position": [0.5, 0.3], "c_per_draft": 0.07}
+    model = {"acceptance_by_position": [0.85, 0.85], "c_per_draft": 0.3}
+    store.save_eval(entry, "eagle", eagle | {"predicted_speedup": 1.47})
+    store.save_eval(entry, "model", model | {"predicted_speedup": 1.23})
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "lookup+eagle"  # no curves saved
+    store.save_eval(
+        entry, "eagle", eagle | {"predicted_speedup": 1.47, "v_by_size": {"2": 0.95, "3": 1.0}}
+    )
+    assert auto_recipe(target, str(tmp_path), "tiny")[0] == "lookup+eagle"  # one curve only
+    store.save_eval(
+        entry, "model", model | {"predicted_speedup": 1.23, "v_by_size": {"2": 1.3, "3": 1.5}}
+    )
+    recipe, why = auto_recipe(target, str(tmp_path), "tiny")
+    assert recipe == "lookup+model" and "eagle 1.26x, model 1.39x" in why
+
+
 def test_auto_gives_a_long_prompt_the_heads_where_it_picks_the_draft_model(
     tmp_path, target_model, trained
 ):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from torch import nn
@@ -11,6 +12,7 @@ from specdec.heads import store
 from specdec.heads.fingerprint import target_fingerprint
 from specdec.heads.nets import EagleHead, HeadsConfig, build
 from specdec.runtime import model_runtime
+from specdec.theory import best_speedup_by_position
 
 
 @dataclass
@@ -249,11 +251,42 @@ def _predicted(
         and (kind == "model" or store.current(entry, kind) is not None)
     }
     unseen = bool(results) and all("unseen_prompts" in result for result in results.values())
+    shared = _shared_verify_costs(list(results.values()))
     predicted = {
-        kind: float((result["unseen_prompts"] if unseen else result)["predicted_speedup"])
+        kind: _prediction(result["unseen_prompts"] if unseen else result, result, shared)
         for kind, result in results.items()
     }
     return predicted, unseen
+
+
+def _shared_verify_costs(results: list[dict]) -> dict[int, float] | None:
+    """By pass size, the median of the verify costs the compared evaluations measured; None
+    where fewer than two are compared or one has none.
+
+    Why: each evaluation times the target's passes itself, minutes apart on a shared
+    machine, and the drafters' predictions moved with those moments more than with their
+    drafts. The default make on the AMD EPYC (Zen 4): the heads' evaluation measured v(2..5)
+    0.96 / 1.00 / 1.05 / 1.04 (a 43 ms step), the draft model's, four minutes later, 1.28 /
+    1.09 / 1.33 / 1.54 (29 ms); with its own curve each, the heads were predicted 1.55x and
+    the draft model 1.51x, with their shared one 1.48x and 1.55x, the order the bench
+    measured on code (bench/results/2026-12-07-heads-make-code-replies-zen4-epyc-avx512)."""
+    curves: list[dict] = [result.get("v_by_size") or {} for result in results]
+    if len(curves) < 2 or not all(curves):
+        return None
+    sizes = set.intersection(*(set(curve) for curve in curves))
+    return {int(n): statistics.median(float(curve[n]) for curve in curves) for n in sizes}
+
+
+def _prediction(scored: dict, result: dict, shared: dict[int, float] | None) -> float:
+    """The speedup predicted from ``scored`` (``result`` or its unseen prompts' part):
+    recomputed over the ``shared`` verify costs from its acceptance and the draft's cost
+    ``result`` measured, else as ``heads eval`` saved it."""
+    acceptance, c = scored.get("acceptance_by_position"), result.get("c_per_draft")
+    if shared is not None and acceptance and c is not None:
+        recomputed = best_speedup_by_position(list(acceptance), float(c), shared)
+        if recomputed is not None:
+            return recomputed
+    return float(scored["predicted_speedup"])
 
 
 def eagle_on_int4(model: nn.Module) -> bool:
