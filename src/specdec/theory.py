@@ -51,18 +51,27 @@ def expected_tokens_per_round_by_position(acceptance: list[float], k: int) -> fl
     return expected
 
 
+def speedup_by_position(acceptance: list[float], k: int, c: float, v: float) -> float:
+    """The paper's speedup with a rate per position: tokens a round over k c + v, v the
+    cost of the (k + 1)-token pass.
+
+    >>> round(speedup_by_position([0.8, 0.5], 2, 0.1, 1.2), 3)
+    1.571
+    """
+    return expected_tokens_per_round_by_position(acceptance[:k], k) / (k * c + v)
+
+
 def best_speedup_by_position(
     acceptance: list[float], c: float, verify_cost: Mapping[int, float]
 ) -> float | None:
-    """The highest of the paper's speedups over k = 1..len(acceptance), tokens a round (a
-    rate per position) over k c + v(k + 1), for the k whose pass size ``verify_cost`` has;
-    None where it has none of them.
+    """The highest ``speedup_by_position`` over k = 1..len(acceptance), for the k whose
+    pass size ``verify_cost`` has; None where it has none of them.
 
     >>> round(best_speedup_by_position([0.8, 0.5], 0.1, {2: 1.1, 3: 1.2}), 3)
     1.571
     """
     speedups = [
-        expected_tokens_per_round_by_position(acceptance[:k], k) / (k * c + verify_cost[k + 1])
+        speedup_by_position(acceptance, k, c, verify_cost[k + 1])
         for k in range(1, len(acceptance) + 1)
         if k + 1 in verify_cost
     ]

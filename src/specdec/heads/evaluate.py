@@ -34,7 +34,7 @@ import torch
 from specdec.heads import data, store
 from specdec.heads.fingerprint import target_fingerprint
 from specdec.heads.load import load_heads
-from specdec.theory import expected_tokens_per_round_by_position
+from specdec.theory import expected_tokens_per_round_by_position, speedup_by_position
 
 POSITIONS_PER_CHUNK = 48
 UNSEEN_PROMPTS = Path(__file__).parent.parent / "data" / "unseen_prompts.jsonl"
@@ -218,8 +218,7 @@ def speedups_by_k(acceptance: list[float], timing: dict, max_k: int) -> list[flo
     at max_k alone would undersell a drafter that k = auto runs shorter."""
     c = timing["chain_s"] / max_k / timing["step_s"]
     return [
-        expected_tokens_per_round_by_position(acceptance[:k], k)
-        / (k * c + timing["pass_s"][k + 1] / timing["step_s"])
+        speedup_by_position(acceptance, k, c, timing["pass_s"][k + 1] / timing["step_s"])
         for k in range(1, max_k + 1)
     ]
 
