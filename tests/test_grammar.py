@@ -26,6 +26,7 @@ import pytest
 import torch
 from scipy import stats
 
+import specdec.engine as engine_module
 from helpers import (
     CHARS,
     SIGNIFICANCE,
@@ -38,6 +39,7 @@ from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends.quant.convert import make_int8_batch_invariant
 from specdec.config import Constraint
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
+from specdec.drafters.base import Proposal, after_given
 from specdec.engine import Run
 from specdec.grammar import Grammar
 from specdec.sampling import Sampler
@@ -122,6 +124,29 @@ def test_forced_tokens_are_free_drafts_always_accepted(pair):
     assert forced["drafted"] >= 4 and forced["accepted"] == forced["drafted"]
     assert "grammar" not in plain.stats.by_drafter  # k = 0: plain decoding, no drafts at all
     assert out.stats.rounds < plain.stats.rounds
+    # the draft drafts on after the forced tokens in the same round: rounds that hold both
+    # are counted once in the total and once for each drafter
+    by_drafter = out.stats.by_drafter
+    assert by_drafter["grammar"]["rounds"] + by_drafter["model"]["rounds"] > out.stats.rounds
+    alone = engine.generate(START, params, SpecConfig(k=3, forced_drafts=False))
+    assert alone.token_ids == plain.token_ids and out.stats.rounds < alone.stats.rounds
+
+
+def test_forced_drafts_lead_the_drafters_as_point_masses():
+    """``after_given``: the grammar's tokens first, each a point mass, the drafter's rows
+    after them unchanged; ``drafters_part`` gives the drafter's proposal back."""
+    probs = torch.softmax(torch.randn(2, 6), -1)
+    drafted = Proposal([4, 2], probs, "model", [0.5, 0.25])
+    joined = after_given([3, 1, 5], drafted)
+    assert joined.token_ids == [3, 1, 5, 4, 2] and joined.given == 3
+    assert joined.draft_probs is not None
+    assert torch.equal(joined.draft_probs[:3], torch.eye(6)[[3, 1, 5]])
+    assert torch.equal(joined.draft_probs[3:], probs)
+    part = joined.drafters_part()
+    assert part.token_ids == [4, 2] and part.confidences == [0.5, 0.25]
+    assert part.draft_probs is not None and torch.equal(part.draft_probs, probs)
+    assert after_given([], drafted) is drafted
+    assert after_given([3], Proposal([4])).draft_probs is None  # greedy drafts: point masses
 
 
 def test_a_grammar_the_vocabulary_cannot_spell_is_a_clear_error(pair):
@@ -131,28 +156,35 @@ def test_a_grammar_the_vocabulary_cannot_spell_is_a_clear_error(pair):
         Engine(backend(pair[0], char_tokenizer())).generate(START, params)
 
 
-def constrained_marginals(model) -> list[np.ndarray]:
-    """The target's exact distribution of tokens 1 and 2 under [a-h][a-h]."""
+def constrained_marginals(model, prompt: list[int] = START) -> list[np.ndarray]:
+    """The target's exact distribution of tokens 1 and 2 under [a-h][a-h] after ``prompt``."""
     mask = torch.full((32,), float("-inf"))
     mask[ALLOWED] = 0.0
     with torch.inference_mode():
-        first = torch.softmax(model(torch.tensor([START])).logits[0, -1] + mask, -1)
-        pairs = torch.tensor([START + [x] for x in range(32)])
+        first = torch.softmax(model(torch.tensor([prompt])).logits[0, -1] + mask, -1)
+        pairs = torch.tensor([prompt + [x] for x in range(32)])
         second = torch.softmax(model(pairs).logits[:, -1] + mask, -1)  # [x, y]
     return [first.numpy(), (first @ second).numpy()]
 
 
-def sample(pair, spec: SpecConfig, seeded: bool) -> np.ndarray:
+def sample(pair, spec: SpecConfig, seeded: bool, forced: str = "") -> np.ndarray:
+    """Counts of the two letters of [a-h][a-h] over DRAWS requests; ``forced``: letters the
+    grammar forces before them (the first round's drafts start with them)."""
     target, draft = pair
     engine = Engine(backend(target, char_tokenizer()), ModelDrafter(backend(draft)))
     counts = np.zeros((2, 32))
-    constraint = Constraint("regex", "[a-h][a-h]")
+    constraint = Constraint("regex", f"{forced}[a-h][a-h]")
     for i in range(DRAWS):
         params = SamplingParams(
-            max_tokens=2, temperature=1.0, seed=i if seeded else None, constraint=constraint
+            max_tokens=len(forced) + 3 if forced else 2,  # room for k = 2 after the forced
+            temperature=1.0,
+            seed=i if seeded else None,
+            constraint=constraint,
         )
         out = engine.generate(START, params, spec)
-        for position, token_id in enumerate(out.token_ids[:2]):  # a mutant may end at EOS
+        assert out.token_ids[: len(forced)] == ids(forced)
+        letters = out.token_ids[len(forced) : len(forced) + 2]  # a mutant may end at EOS
+        for position, token_id in enumerate(letters):
             counts[position, token_id] += 1
     return counts
 
@@ -179,6 +211,40 @@ def test_constrained_speculative_sampling_follows_the_constrained_target(
         assert_same_distribution(counts[position], expected)
 
 
+@pytest.mark.parametrize("verification", ["rejection", "coupled"])
+def test_drafts_after_forced_tokens_follow_the_constrained_target(pair, verification):
+    """The grammar forces "xz" first: the first round drafts "x", "z" (point masses) and
+    the draft's two letters after them, verified in one pass."""
+    spec = SpecConfig(k=2, verification=verification)
+    counts = sample(pair, spec, verification == "coupled", forced="xz")
+    assert counts.sum() == 2 * DRAWS
+    for position, expected in enumerate(constrained_marginals(pair[0], START + ids("xz"))):
+        assert_same_distribution(counts[position], expected)
+
+
+def _misaligned_after_given(given, proposal):
+    """The forced drafts' point masses left out: the drafter's rows verify the tokens
+    before their own (its last row repeated to fill the chain)."""
+    joined = ORIGINAL_AFTER_GIVEN(given, proposal)
+    if joined.draft_probs is None or not given:
+        return joined
+    probs = proposal.draft_probs
+    filler = probs[-1:].expand(len(given), -1)
+    return Proposal(joined.token_ids, torch.cat([probs, filler]), joined.drafter, given=len(given))
+
+
+def test_the_statistical_check_catches_misaligned_forced_rows(pair, monkeypatch):
+    monkeypatch.setattr(engine_module, "after_given", _misaligned_after_given)
+    counts = sample(pair, SpecConfig(k=2, verification="rejection"), seeded=False, forced="xz")
+    failures = 0
+    for position, expected in enumerate(constrained_marginals(pair[0], START + ids("xz"))):
+        try:
+            assert_same_distribution(counts[position], expected)
+        except AssertionError:
+            failures += 1
+    assert failures > 0, f"the check at {SIGNIFICANCE} missed the mutant"
+
+
 def _unmasked(self, draft_ids, logits):
     return len(draft_ids), logits.float()
 
@@ -191,6 +257,7 @@ def _cut_before_forbidden(self, draft_ids, logits):
 
 
 ORIGINAL_MASK = Grammar.mask
+ORIGINAL_AFTER_GIVEN = after_given
 ORIGINAL_PICK = Sampler.pick
 
 

@@ -105,7 +105,12 @@ PERSON = {
 }
 
 
-def structured(target, draft) -> tuple:
+# llguidance's options in the schema: no whitespace of the model's choosing, so every key
+# and separator is forced (docs/serving.md, compact JSON)
+COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def structured(target, draft, schema: dict = PERSON) -> tuple:
     """A JSON schema through the chat template, greedy, with logprobs: (plain, speculative
     k 4 with the grammar's forced tokens)."""
     from specdec.config import Constraint
@@ -117,7 +122,7 @@ def structured(target, draft) -> tuple:
         max_tokens=96,
         temperature=0.0,
         logprobs=2,
-        constraint=Constraint("json_schema", json.dumps(PERSON)),
+        constraint=Constraint("json_schema", json.dumps(schema)),
     )
     plain = Engine(target).generate(prompt_ids, params, SpecConfig(k=0))
     speculative = Engine(target, ModelDrafter(draft)).generate(prompt_ids, params, SpecConfig(k=4))
@@ -136,6 +141,7 @@ def quantized_runs(request):
         seeded_sampled(target, draft),
         structured(target, draft),
         draft.model.get_output_embeddings(),
+        structured(target, draft, PERSON | {"x-guidance": COMPACT}),
     )
 
 
@@ -185,3 +191,18 @@ def test_quantized_json_schema_output_equals_plain_with_the_same_logprobs(quanti
     forced = speculative.stats.by_drafter.get("grammar", {"drafted": 0, "accepted": 0})
     assert forced["accepted"] == forced["drafted"]
     assert speculative.stats.rounds < plain.stats.rounds
+
+
+def test_quantized_compact_json_forces_its_keys_and_drafts_on_after_them(quantized_runs):
+    """Compact JSON (``x-guidance`` in the schema): on one line, each key after the first
+    value a forced run the draft drafts on from in the same round; plain constrained
+    decoding's tokens and logprobs all the same."""
+    plain, speculative = quantized_runs[4]
+    assert speculative.token_ids == plain.token_ids
+    assert speculative.logprobs == plain.logprobs
+    assert speculative.finish_reason == "stop" and "\n" not in speculative.text
+    assert set(json.loads(speculative.text)) == set(PERSON["required"])
+    forced, drafted = (speculative.stats.by_drafter[name] for name in ("grammar", "model"))
+    assert forced["accepted"] == forced["drafted"] >= 4
+    # rounds with forced tokens and the draft's after them count for both
+    assert forced["rounds"] + drafted["rounds"] > speculative.stats.rounds

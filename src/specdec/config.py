@@ -142,8 +142,8 @@ class SpecConfig:
     Both are exact: every output follows the target's distribution.
 
     ``forced_drafts`` (requests with a ``constraint``, k != 0): where the grammar allows one
-    token only (JSON punctuation, a schema's keys), propose those tokens at no draft cost,
-    before the drafter is asked.
+    token only (JSON punctuation, a schema's keys), propose those tokens at no draft cost as
+    a round's first drafts, the drafter's after them in the same round.
 
     ``tree`` (a draft model's rounds, alone or in a fallback chain, on the int4 and int8
     runtimes): ``"off"`` verifies

@@ -22,10 +22,10 @@ from specdec.backends.base import Backend, held_prefix, sync_cache, sync_cache_s
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
 from specdec.detokenizer import Detokenizer
-from specdec.drafters.base import Drafter, Drafting, Proposal, drive, pass_work
+from specdec.drafters.base import Drafter, Drafting, Proposal, after_given, drive, pass_work
 from specdec.grammar import Grammar
 from specdec.logprobs import TokenLogprob, token_logprobs
-from specdec.metrics import SpecStats
+from specdec.metrics import FORCED, SpecStats
 from specdec.sampling import Sampler, logits_to_probs
 from specdec.speculation import new_policy, policy_fits, speculation_for
 from specdec.tree import chain_length, path_rows, row_depths, row_parents
@@ -145,15 +145,6 @@ class Engine:
                 f"prompt has {len(prompt)} tokens but the target's context is {limit}: shorten it"
             )
         return prompt
-
-
-FORCED = "grammar"  # the proposals of forced tokens, by name in the stats
-
-
-def _given(proposal: Proposal) -> Drafting:
-    """Drafting that needs no pass: ``proposal`` as it is."""
-    return proposal
-    yield  # a generator that returns at once
 
 
 def new_controller(drafter: Drafter | None, max_k: int) -> KPolicy:
@@ -349,14 +340,17 @@ class Run:
         self.target.truncate(len(self.context) + result.num_accepted)
         self.stats.target_seconds += pass_seconds + time.perf_counter() - started
         self.stats.drafter_seconds += draft_seconds
+        given = proposal.given  # the grammar's forced drafts ahead of the drafter's
+        taken = result.num_accepted > chain_accepted
         self.stats.record_round(
-            k, result.num_accepted, result.bonus, result.residual_fallback, proposal.drafter,
-            siblings=nodes - k, sibling_taken=result.num_accepted > chain_accepted,
+            k - given, result.num_accepted - given, result.bonus, result.residual_fallback,
+            proposal.drafter, siblings=nodes - k, sibling_taken=taken, given=given,
         )  # fmt: skip
         if observe and proposal.drafter != FORCED:
             self.speculation.observe(
-                k, proposal, chain_accepted, draft_seconds, pass_seconds, self.stats.rounds - 1,
-                rows=nodes + 1, batch=batch, copy_taken=copy_taken,
+                k - given, proposal.drafters_part(), chain_accepted - given, draft_seconds,
+                pass_seconds, self.stats.rounds - 1, rows=nodes + 1, batch=batch,
+                copy_taken=copy_taken,
             )  # fmt: skip
         chunk = self._emit(result, proposal, logits)
         self.stats.total_seconds = time.perf_counter() - self.started
@@ -365,16 +359,14 @@ class Run:
     def propose(self, max_k: int | None = None) -> tuple[Proposal, float]:
         """This round's drafts and the seconds drafting took."""
         forced = self._forced(max_k)
-        if forced is not None:
-            return forced, 0.0
-        k = self._draft_k(max_k)
+        k = self._draft_k(max_k, forced)
         self.speculation.begin(k, self.stats.rounds)
         if k <= 0:
-            return Proposal([]), 0.0
+            return Proposal(forced, drafter=FORCED if forced else ""), 0.0
         # a long way behind: catch up apart, so that the draft's time is a draft's
         self.stats.drafter_seconds += self.speculation.catch_up_apart(self.context)
         started = time.perf_counter()
-        proposal = drive(self._drafting(k, tree=self.tree))
+        proposal = drive(self._drafting(k, tree=self.tree, given=forced))
         return proposal, time.perf_counter() - started
 
     def drafting(self, max_k: int | None = None) -> Drafting:
@@ -383,44 +375,48 @@ class Run:
         pass, batched with the others' (that round's draft time is not counted as a draft
         step: ``finish_round``)."""
         forced = self._forced(max_k)
-        if forced is not None:
-            return _given(forced)
-        k = self._draft_k(max_k)
+        k = self._draft_k(max_k, forced)
         self.speculation.begin(k, self.stats.rounds)
-        return self._drafting(k)
+        return self._drafting(k, given=forced)
 
-    def _forced(self, max_k: int | None) -> Proposal | None:
-        """The tokens the grammar forces next, as this round's drafts (q = 1: each is the
-        only token its masked row allows, so verification accepts it), when there are any
-        and the request speculates. The drafter sits the round out (``speculation``: it
-        catches up on the text later)."""
+    def _forced(self, max_k: int | None) -> list[int]:
+        """The tokens the grammar forces next (q = 1: each is the only token its masked row
+        allows, so verification accepts it), when the request speculates: this round's
+        first drafts, the drafter's after them (``_drafting``). None: the grammar offers a
+        choice here, or the request has no grammar."""
         if self.grammar is None or not self.forced_drafts:
-            return None
-        forced = self.grammar.forced()[: max(self._room(max_k), 0)]
-        if not forced:
-            return None
-        self.speculation.begin(0, self.stats.rounds)
-        return Proposal(forced, drafter=FORCED)
+            return []
+        return self.grammar.forced()[: max(self._room(max_k), 0)]
 
-    def _drafting(self, k: int, tree: bool = False) -> Drafting:
+    def _drafting(self, k: int, tree: bool = False, given: Sequence[int] = ()) -> Drafting:
+        """``k`` drafts of the drafter after the ``given`` ones (the grammar's forced
+        tokens, which it drafts from: its first pass catches up on them); with ``k`` 0
+        the given drafts alone (the drafter sits the round out and catches up later)."""
         if k <= 0:
-            return Proposal([])
+            return Proposal(list(given), drafter=FORCED) if given else Proposal([])
+        context = [*self.context, *given]
         if self.grammar is None or not self.mask_drafts:
-            proposal = yield from self.speculation.drafting(self.context, k, self.sampler, tree)
+            proposal = yield from self.speculation.drafting(context, k, self.sampler, tree)
         else:  # drafts drawn from rows the grammar masks, its state rolled back after
             mask = self.sampler.draft_mask = self.grammar.drafts(len(self.context))
             try:
-                proposal = yield from self.speculation.drafting(self.context, k, self.sampler)
+                mask.follow(given)
+                proposal = yield from self.speculation.drafting(context, k, self.sampler)
             finally:
                 mask.end()
                 self.sampler.draft_mask = None
         assert chain_length(proposal.parents, len(proposal.token_ids)) <= k, (
             "drafter proposed more than k tokens"
         )
-        return proposal
+        return after_given(given, proposal)
 
-    def _draft_k(self, max_k: int | None) -> int:
-        return min(self.speculation.choose_k(), self._room(max_k))
+    def _draft_k(self, max_k: int | None, given: Sequence[int] = ()) -> int:
+        """This round's drafter's k after ``given`` drafts (none where no drafter drafts
+        after the grammar's)."""
+        room = self._room(max_k) - len(given)
+        if given and self.drafter is None:
+            return 0
+        return min(self.speculation.choose_k(), room)
 
     def _room(self, max_k: int | None) -> int:
         """The most drafts this round may hold: a round emits up to k + 1 tokens, so never

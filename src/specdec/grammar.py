@@ -21,6 +21,8 @@ drafts are tried and rolled back.
 
 Forced tokens: where the grammar allows one token only, ``forced()`` gives it (and the run
 after it); proposed as drafts with q = 1 they are certain to be accepted, at no draft cost.
+The drafter drafts on after them in the same round (``DraftMask.follow``: its rows masked
+from the state after them), so a forced run costs rows of a pass, not a pass of its own.
 """
 
 from __future__ import annotations
@@ -217,6 +219,14 @@ class DraftMask:
             return None
         self._last = self.grammar._allowed()
         return self._last
+
+    def follow(self, token_ids: Sequence[int]) -> None:
+        """Follow drafts the grammar gave (its forced tokens) ahead of the drafter's."""
+        for token_id in token_ids:
+            position = self.start + self.followed
+            if self.allowed(position) is None:
+                return
+            self.picked(position, token_id)
 
     def picked(self, position: int, token_id: int) -> None:
         last, self._last = self._last, None

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+FORCED = "grammar"  # the name the grammar's forced drafts go by in ``by_drafter``
+
 _COUNTERS = (
     "prompt_tokens",
     "generated_tokens",
@@ -75,11 +77,20 @@ class SpecStats:
         drafter: str = "",
         siblings: int = 0,
         sibling_taken: bool = False,
+        given: int = 0,
     ) -> None:
         """A verified round: ``k`` chain drafts (a tree's chain) and ``siblings`` more
         nodes, ``num_accepted`` of them on the accepted path (its last a sibling when
-        ``sibling_taken``)."""
+        ``sibling_taken``); ``given``: the grammar's forced drafts ahead of them, each
+        accepted (``FORCED``), which the counts by position leave out."""
         self.rounds += 1
+        if given:
+            forced = self.by_drafter.setdefault(FORCED, {"rounds": 0, "drafted": 0, "accepted": 0})
+            forced["rounds"] += 1
+            forced["drafted"] += given
+            forced["accepted"] += given
+            self.drafted_tokens += given
+            self.accepted_tokens += given
         if k > 0:
             member = self.by_drafter.setdefault(drafter, {"rounds": 0, "drafted": 0, "accepted": 0})
             member["rounds"] += 1

@@ -66,12 +66,40 @@ class Proposal:
     # A tree's last ``copied`` nodes: a guide's guesses, one branch hung where the draft
     # parted from them (``drafters.model.with_copy``)
     copied: int = 0
+    # A chain's first ``given`` drafts: tokens the request's grammar forces (q = 1), the
+    # ``drafter``'s after them (``after_given``); ``confidences`` are the drafter's own.
+    given: int = 0
 
     def __post_init__(self) -> None:
         if self.draft_probs is not None:
             assert self.draft_probs.shape[0] == len(self.token_ids), "one distribution per draft"
         if self.parents is not None:
             assert len(self.parents) == len(self.token_ids), "one parent per node"
+        assert self.given == 0 or self.parents is None, "given drafts lead a chain"
+
+    def drafters_part(self) -> Proposal:
+        """The drafts after the ``given`` ones, as the drafter proposed them."""
+        if not self.given:
+            return self
+        probs = None if self.draft_probs is None else self.draft_probs[self.given :]
+        return Proposal(self.token_ids[self.given :], probs, self.drafter, self.confidences)
+
+
+def after_given(given: Sequence[int], proposal: Proposal) -> Proposal:
+    """``proposal``, a chain drafted after the ``given`` tokens, behind them: one chain whose
+    first drafts are point masses (q = 1 at each given token)."""
+    if not given:
+        return proposal
+    assert proposal.parents is None, "given drafts lead a chain"
+    probs = proposal.draft_probs
+    if probs is not None:
+        ones = torch.zeros(len(given), probs.shape[1], dtype=probs.dtype)
+        ones[torch.arange(len(given)), torch.tensor(list(given))] = 1.0
+        probs = torch.cat([ones, probs])
+    return Proposal(
+        [*given, *proposal.token_ids], probs, proposal.drafter, proposal.confidences,
+        given=len(given),
+    )  # fmt: skip
 
 
 @runtime_checkable
