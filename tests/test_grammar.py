@@ -41,7 +41,7 @@ from specdec.config import Constraint
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
 from specdec.drafters.base import Proposal, after_given
 from specdec.engine import Run
-from specdec.grammar import Grammar
+from specdec.grammar import DraftMask, Grammar
 from specdec.sampling import Sampler
 
 START = [3, 1, 4, 1, 5]
@@ -132,6 +132,45 @@ def test_forced_tokens_are_free_drafts_always_accepted(pair):
     assert alone.token_ids == plain.token_ids and out.stats.rounds < alone.stats.rounds
 
 
+class CountedPasses:
+    """A backend whose forward passes are counted."""
+
+    def __init__(self, inner):
+        self.inner, self.passes = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, token_ids, last_only=False):
+        self.passes += 1
+        return self.inner.forward(token_ids, last_only)
+
+
+def test_the_draft_reads_forced_tokens_mid_chain_in_the_pass_before_them(pair, monkeypatch):
+    """Where the grammar forces tokens after a draft ("xyzw" after the first letter), the
+    draft reads them in the pass that feeds that draft, as a guide's guesses, and picks them
+    from its masked rows without a pass each: the same proposal, in 2 draft passes not 6."""
+    target, draft = pair
+    params = SamplingParams(
+        max_tokens=7, temperature=0, constraint=Constraint("regex", "[a-h]xyzw[a-h]")
+    )
+    tokenizer = char_tokenizer()
+    outs, passes = [], []
+    for guessed in (True, False):
+        if not guessed:
+            monkeypatch.setattr(DraftMask, "forced", lambda self: [])
+        counted = CountedPasses(backend(draft))
+        out = Engine(backend(target, tokenizer), ModelDrafter(counted)).generate(
+            START, params, SpecConfig(k=6, forced_drafts=False)
+        )
+        outs.append(out)
+        passes.append(counted.passes)
+    plain = Engine(backend(target, tokenizer)).generate(START, params)
+    assert outs[0].token_ids == outs[1].token_ids == plain.token_ids
+    assert outs[0].stats.rounds == outs[1].stats.rounds == 1  # the whole answer drafted
+    assert passes == [3, 7]  # the prefill, then 2 draft passes against 6
+
+
 def test_forced_drafts_lead_the_drafters_as_point_masses():
     """``after_given``: the grammar's tokens first, each a point mass, the drafter's rows
     after them unchanged; ``drafters_part`` gives the drafter's proposal back."""
@@ -156,34 +195,37 @@ def test_a_grammar_the_vocabulary_cannot_spell_is_a_clear_error(pair):
         Engine(backend(pair[0], char_tokenizer())).generate(START, params)
 
 
-def constrained_marginals(model, prompt: list[int] = START) -> list[np.ndarray]:
-    """The target's exact distribution of tokens 1 and 2 under [a-h][a-h] after ``prompt``."""
+def constrained_marginals(model, prompt: list[int] = START, middle: str = "") -> list[np.ndarray]:
+    """The target's exact distribution of the two letters of [a-h]{middle}[a-h] after
+    ``prompt`` (``middle``: letters the grammar forces between them)."""
     mask = torch.full((32,), float("-inf"))
     mask[ALLOWED] = 0.0
     with torch.inference_mode():
         first = torch.softmax(model(torch.tensor([prompt])).logits[0, -1] + mask, -1)
-        pairs = torch.tensor([prompt + [x] for x in range(32)])
+        pairs = torch.tensor([prompt + [x] + ids(middle) for x in range(32)])
         second = torch.softmax(model(pairs).logits[:, -1] + mask, -1)  # [x, y]
     return [first.numpy(), (first @ second).numpy()]
 
 
-def sample(pair, spec: SpecConfig, seeded: bool, forced: str = "") -> np.ndarray:
+def sample(pair, spec: SpecConfig, seeded: bool, forced: str = "", middle: str = "") -> np.ndarray:
     """Counts of the two letters of [a-h][a-h] over DRAWS requests; ``forced``: letters the
-    grammar forces before them (the first round's drafts start with them)."""
+    grammar forces before them (the first round's drafts start with them); ``middle``:
+    between them (the draft reads them as guesses after its first letter)."""
     target, draft = pair
     engine = Engine(backend(target, char_tokenizer()), ModelDrafter(backend(draft)))
     counts = np.zeros((2, 32))
-    constraint = Constraint("regex", f"{forced}[a-h][a-h]")
+    constraint = Constraint("regex", f"{forced}[a-h]{middle}[a-h]")
+    length = len(forced) + len(middle) + 2
     for i in range(DRAWS):
         params = SamplingParams(
-            max_tokens=len(forced) + 3 if forced else 2,  # room for k = 2 after the forced
+            max_tokens=length + 1 if length > 2 else 2,  # room for every draft after forced
             temperature=1.0,
             seed=i if seeded else None,
             constraint=constraint,
         )
         out = engine.generate(START, params, spec)
         assert out.token_ids[: len(forced)] == ids(forced)
-        letters = out.token_ids[len(forced) : len(forced) + 2]  # a mutant may end at EOS
+        letters = out.token_ids[len(forced) :: len(middle) + 1][:2]  # a mutant may end at EOS
         for position, token_id in enumerate(letters):
             counts[position, token_id] += 1
     return counts
@@ -219,6 +261,17 @@ def test_drafts_after_forced_tokens_follow_the_constrained_target(pair, verifica
     counts = sample(pair, spec, verification == "coupled", forced="xz")
     assert counts.sum() == 2 * DRAWS
     for position, expected in enumerate(constrained_marginals(pair[0], START + ids("xz"))):
+        assert_same_distribution(counts[position], expected)
+
+
+@pytest.mark.parametrize("verification", ["rejection", "coupled"])
+def test_drafts_through_forced_tokens_mid_chain_follow_the_constrained_target(pair, verification):
+    """The grammar forces "xz" between the letters: the draft reads them as guesses after
+    its first letter and drafts the second one in the same round (k = 4)."""
+    spec = SpecConfig(k=4, verification=verification, forced_drafts=False)
+    counts = sample(pair, spec, verification == "coupled", middle="xz")
+    assert counts.sum() == 2 * DRAWS
+    for position, expected in enumerate(constrained_marginals(pair[0], START, "xz")):
         assert_same_distribution(counts[position], expected)
 
 

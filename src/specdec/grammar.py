@@ -228,6 +228,11 @@ class DraftMask:
                 return
             self.picked(position, token_id)
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces after the drafts followed so far (none once an
+        EOS or the grammar's end was drawn)."""
+        return [] if self.ended else self.grammar.forced()
+
     def picked(self, position: int, token_id: int) -> None:
         last, self._last = self._last, None
         if last is None or position - self.start != self.followed or not bool(last[token_id]):

@@ -297,6 +297,10 @@ class DraftMask(Protocol):
         """The draft drawn at ``position``: followed, so that the next one is masked."""
         ...
 
+    def forced(self) -> list[int]:
+        """The tokens it allows alone after the drafts followed (a drafter's free guesses)."""
+        ...
+
 
 class KeyedSamples(Sequence[int]):
     """The target's keyed samples of a verify pass, one per scored row, each row's

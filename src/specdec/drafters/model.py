@@ -144,7 +144,7 @@ class ModelDrafter(StepwiseDrafter):
         keep = min(common_prefix_length(self.backend.cached_token_ids, seen), len(seen) - 1)
         self.backend.truncate(keep)
         catch_up = list(seen[keep:])
-        guesses = self._guesses(context, len(seen), [], k - 1)
+        guesses = self._guesses(context, len(seen), [], k - 1, sampler)
         offered = guesses  # what the guide offered, kept for a tree's branch
         if guesses:
             # rows[j]: the logits after the context and the first j guesses
@@ -188,7 +188,7 @@ class ModelDrafter(StepwiseDrafter):
                 continue
             if guesses:  # it picked otherwise: the guesses from here on are not the text
                 self.backend.truncate(len(seen) + len(token_ids) - 1)
-            guesses = self._guesses(context, len(seen), token_ids, k - len(token_ids) - 1)
+            guesses = self._guesses(context, len(seen), token_ids, k - len(token_ids) - 1, sampler)
             if guesses:  # rows[j]: the logits after this pick and the first j guesses
                 rows = yield (self.backend, [token_id, *guesses], True)
                 logits = rows[0]
@@ -207,14 +207,24 @@ class ModelDrafter(StepwiseDrafter):
         )
 
     def _guesses(
-        self, context: Sequence[int], length: int, drafted: list[int], most: int
+        self,
+        context: Sequence[int],
+        length: int,
+        drafted: list[int],
+        most: int,
+        sampler: Sampler | None = None,
     ) -> list[int]:
-        """The guide's guesses of up to ``most`` tokens after ``context`` and ``drafted``
-        (the last draft's row is read from the row after them, so a round of k drafts reads
-        at most k - 1): none without a guide, or a draft window too short for them."""
-        if self.guide is None or most < 1:
+        """The guesses of up to ``most`` tokens after ``context`` and ``drafted`` (the last
+        draft's row is read from the row after them, so a round of k drafts reads at most
+        k - 1): where the request's grammar forces the tokens next (``sampler.draft_mask``),
+        those, which the draft's masked rows cannot but pick; else the guide's; none without
+        either, or a draft window too short for them."""
+        if most < 1:
             return []
-        guesses = self.guide.continuation(context, drafted, most)
+        mask = sampler.draft_mask if sampler is not None else None
+        guesses = mask.forced()[:most] if mask is not None else []
+        if not guesses and self.guide is not None:
+            guesses = self.guide.continuation(context, drafted, most)
         limit = self.backend.max_length
         if limit is not None:
             guesses = guesses[: max(0, limit - length - len(drafted) - 1)]
