@@ -22,7 +22,8 @@ drafts are tried and rolled back.
 Forced tokens: where the grammar allows one token only, ``forced()`` gives it (and the run
 after it); proposed as drafts with q = 1 they are certain to be accepted, at no draft cost.
 The drafter drafts on after them in the same round (``DraftMask.follow``: its rows masked
-from the state after them), so a forced run costs rows of a pass, not a pass of its own.
+from the state after them), so a forced run costs rows of a pass, not a pass of its own;
+the draft model reads a run forced inside its chain as guesses (``DraftMask.forced``).
 """
 
 from __future__ import annotations
