@@ -72,6 +72,24 @@ def test_masks_row_by_row_and_a_forbidden_draft_ends_the_rows(tokenizer):
     assert grammar.done()
 
 
+def test_a_draft_mask_follows_given_drafts_and_tells_the_forced_ones_after_them(tokenizer):
+    """``follow`` consumes the grammar's given tokens; ``forced(position)`` tells what the
+    grammar forces from the position after the drafts followed, and nothing at any other
+    position (a guess there could be for another text); ``end`` rolls everything back."""
+    grammar = Grammar(Constraint("regex", "abc(d|e)fg"), tokenizer, 32, {0})
+    mask = grammar.drafts(10)
+    mask.follow(ids("ab"))
+    assert mask.followed == 2 and mask.forced(12) == ids("c") and mask.forced(11) == []
+    row = mask.allowed(12)
+    assert row is not None and row.nonzero().flatten().tolist() == ids("c")
+    mask.picked(12, ids("c")[0])
+    assert mask.forced(13) == [] and mask.allowed(13) is not None  # d or e: a choice
+    mask.picked(13, ids("e")[0])
+    assert mask.forced(14) == ids("fg")
+    mask.end()
+    assert grammar.forced() == ids("abc")
+
+
 def test_a_bad_grammar_is_a_value_error_naming_it(tokenizer):
     with pytest.raises(ValueError, match="constraint"):
         Grammar(Constraint("regex", "a(b"), tokenizer, 32, {0})
@@ -158,7 +176,7 @@ def test_the_draft_reads_forced_tokens_mid_chain_in_the_pass_before_them(pair, m
     outs, passes = [], []
     for guessed in (True, False):
         if not guessed:
-            monkeypatch.setattr(DraftMask, "forced", lambda self: [])
+            monkeypatch.setattr(DraftMask, "forced", lambda self, position: [])
         counted = CountedPasses(backend(draft))
         out = Engine(backend(target, tokenizer), ModelDrafter(counted)).generate(
             START, params, SpecConfig(k=6, forced_drafts=False)

@@ -382,8 +382,8 @@ class Run:
     def _forced(self, max_k: int | None) -> list[int]:
         """The tokens the grammar forces next (q = 1: each is the only token its masked row
         allows, so verification accepts it), when the request speculates: this round's
-        first drafts, the drafter's after them (``_drafting``). None: the grammar offers a
-        choice here, or the request has no grammar."""
+        first drafts, the drafter's after them (``_drafting``). Empty where the grammar
+        offers a choice, or the request has no grammar."""
         if self.grammar is None or not self.forced_drafts:
             return []
         return self.grammar.forced()[: max(self._room(max_k), 0)]

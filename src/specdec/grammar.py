@@ -229,10 +229,13 @@ class DraftMask:
                 return
             self.picked(position, token_id)
 
-    def forced(self) -> list[int]:
-        """The tokens the grammar forces after the drafts followed so far (none once an
-        EOS or the grammar's end was drawn)."""
-        return [] if self.ended else self.grammar.forced()
+    def forced(self, position: int) -> list[int]:
+        """The tokens the grammar forces from sequence ``position`` on, where the drafts
+        before it were followed (none otherwise, nor once an EOS or the grammar's end was
+        drawn)."""
+        if self.ended or position != self.start + self.followed:
+            return []
+        return self.grammar.forced()
 
     def picked(self, position: int, token_id: int) -> None:
         last, self._last = self._last, None

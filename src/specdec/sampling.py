@@ -297,8 +297,8 @@ class DraftMask(Protocol):
         """The draft drawn at ``position``: followed, so that the next one is masked."""
         ...
 
-    def forced(self) -> list[int]:
-        """The tokens it allows alone after the drafts followed (a drafter's free guesses)."""
+    def forced(self, position: int) -> list[int]:
+        """The tokens it allows alone from ``position`` on (a drafter's free guesses)."""
         ...
 
 

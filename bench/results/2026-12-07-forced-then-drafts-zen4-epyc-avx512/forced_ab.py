@@ -3,6 +3,7 @@ sitting it out, as before) against the drafter drafting on after them in the sam
 on the three JSON schemas of ``bench/structured.py``, default pair on int4, greedy, 128
 tokens; JSON as llguidance compiles it by default (whitespace where JSON allows it) and
 compact (no free whitespace, ", " and ": " between items: every key a forced run).
+``compare`` and ``table`` are shared with ``guesses_ab.py``.
 
     python forced_ab.py --passes 3 > ab.txt
 """
@@ -31,7 +32,9 @@ from specdec.runtime import load_draft
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/
 from structured import SCHEMAS  # noqa: E402
 
-SETTING = {"compact": False, "alone": False}
+# compact: the JSON layout; old: the system runs the way before the change (each script
+# patches in what that means)
+SETTING = {"compact": False, "old": False}
 _grammar_text = grammar._grammar_text
 _draft_k = engine.Run._draft_k
 
@@ -45,12 +48,10 @@ def grammar_text(constraint: Constraint) -> str:
 
 def draft_k(self, max_k, given=()):
     """As before this change: a round with forced tokens holds them alone."""
-    return 0 if given and SETTING["alone"] else _draft_k(self, max_k, given)
+    return 0 if given and SETTING["old"] else _draft_k(self, max_k, given)
 
 
-grammar._grammar_text = grammar_text
-engine.Run._draft_k = draft_k
-SYSTEMS = (  # name, drafter recipe, forced tokens alone in their round
+SYSTEMS = (  # name, drafter recipe, run the old way (forced tokens alone in their round)
     ("plain constrained", "none", False),
     ("model, forced alone", "model", True),
     ("model, drafts after forced", "model", False),
@@ -59,43 +60,50 @@ SYSTEMS = (  # name, drafter recipe, forced tokens alone in their round
 )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--passes", type=int, default=3)
-    args = parser.parse_args()
+def compare(systems, passes: int) -> dict[tuple[str, str, str], list[dict]]:
+    """Every (layout, schema, system), ``passes`` times interleaved."""
+    grammar._grammar_text = grammar_text
     target = load_backend(DEFAULT_TARGET, "int4")
     draft, _ = load_draft(DEFAULT_DRAFT, "int4", target_runtime="int4")
     sources = DraftSources(draft_model=lambda: draft, heads={})
     runs: dict[tuple[str, str, str], list[dict]] = {}
-    for _ in range(args.passes):
+    for _ in range(passes):
         for whitespace in ("default", "compact"):
             SETTING["compact"] = whitespace == "compact"
             for name, (request, schema) in SCHEMAS.items():
                 constraint = Constraint("json_schema", json.dumps(schema))
                 prompt = encode_prompt(target.tokenizer, request, "chat")
                 plain = None
-                for system, recipe, alone in SYSTEMS:
-                    SETTING["alone"] = alone
+                for system, recipe, old in systems:
+                    SETTING["old"] = old
                     params = SamplingParams(max_tokens=128, temperature=0.0, constraint=constraint)
                     target.truncate(0)
                     drafter = build_drafter(recipe, sources)
                     k = 0 if recipe == "none" else "auto"
                     out = Engine(target, drafter).generate(prompt, params, SpecConfig(k=k))
                     plain = out.token_ids if plain is None else plain
-                    forced = out.stats.by_drafter.get("grammar", {}).get("accepted", 0)
+                    given = out.stats.by_drafter.get("grammar", {}).get("accepted", 0)
                     runs.setdefault((whitespace, name, system), []).append(
                         {
                             "tokens_per_second": out.stats.tokens_per_second,
+                            "draft_seconds": out.stats.drafter_seconds,
                             "rounds": out.stats.rounds,
                             "tokens": len(out.token_ids),
-                            "forced": forced,
+                            "forced": given,
                             "identical": out.token_ids == plain,
                             "finish": out.finish_reason,
                         }
                     )
-    print(f"CPU: {cpu_name()} ({cpu_kind()}); {args.passes} interleaved passes, medians\n")
-    print("| JSON | schema | system | tok/s | vs plain | rounds | forced / tokens | identical |")
-    print("|---|---|---|---:|---:|---:|---:|---|")
+    return runs
+
+
+def table(runs: dict[tuple[str, str, str], list[dict]], passes: int, draft: bool) -> None:
+    """Medians per (layout, schema, system); ``draft``: with the draft's seconds."""
+    print(f"CPU: {cpu_name()} ({cpu_kind()}); {passes} interleaved passes, medians\n")
+    extra = (" draft s |", "---:|") if draft else ("", "")
+    head = "| JSON | schema | system | tok/s | vs plain | rounds |"
+    print(f"{head}{extra[0]} forced / tokens | identical |")
+    print(f"|---|---|---|---:|---:|---:|{extra[1]}---:|---|")
     for (whitespace, name, system), rows in runs.items():
         rate = statistics.median(r["tokens_per_second"] for r in rows)
         plain_rows = runs[(whitespace, name, "plain constrained")]
@@ -103,10 +111,20 @@ def main() -> None:
         rounds = statistics.median(r["rounds"] for r in rows)
         forced = statistics.median(r["forced"] for r in rows)
         same = all(r["identical"] for r in rows)
+        seconds = f" {statistics.median(r['draft_seconds'] for r in rows):.2f} |" if draft else ""
         print(
             f"| {whitespace} | {name} | {system} | {rate:.1f} | {rate / plain_rate:.2f}x | "
-            f"{rounds:g} | {forced:g} / {rows[0]['tokens']} ({rows[0]['finish']}) | {same} |"
+            f"{rounds:g} |{seconds} {forced:g} / {rows[0]['tokens']} ({rows[0]['finish']}) "
+            f"| {same} |"
         )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--passes", type=int, default=3)
+    args = parser.parse_args()
+    engine.Run._draft_k = draft_k
+    table(compare(SYSTEMS, args.passes), args.passes, draft=False)
 
 
 if __name__ == "__main__":

@@ -222,7 +222,8 @@ class ModelDrafter(StepwiseDrafter):
         if most < 1:
             return []
         mask = sampler.draft_mask if sampler is not None else None
-        guesses = mask.forced()[:most] if mask is not None else []
+        at = len(context) + len(drafted)  # the sequence position of the first guess
+        guesses = mask.forced(at)[:most] if mask is not None else []
         if not guesses and self.guide is not None:
             guesses = self.guide.continuation(context, drafted, most)
         limit = self.backend.max_length
