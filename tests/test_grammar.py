@@ -13,7 +13,11 @@ injected mutants must be caught: rows left unmasked; a forbidden draft cut off b
 verification (its row then samples the bonus from p instead of the residual: biased
 whenever the drafter's allowed tokens are shaped unlike the target's); a draft drawn from
 the masked row but verified against the raw one (accepted too often). Their effect sizes on
-this pair are worked out in ``test_the_sample_size_detects_the_mutants``.
+this pair are worked out in ``test_the_sample_size_detects_the_mutants``. The same check, the
+same cells, where the grammar forces letters before the two (``xz[a-h][a-h]``: the forced
+drafts lead the draft's in one round) and between them (``[a-h]xz[a-h]``: the draft reads
+them as guesses); a fourth mutant, the forced drafts' point masses left out so that the
+draft's rows verify the wrong tokens, must be caught there.
 """
 
 from __future__ import annotations
