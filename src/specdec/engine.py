@@ -394,7 +394,7 @@ class Run:
         the given drafts alone (the drafter sits the round out and catches up later)."""
         if k <= 0:
             return Proposal(list(given), drafter=FORCED) if given else Proposal([])
-        context = [*self.context, *given]
+        context = [*self.context, *given] if given else self.context
         if self.grammar is None or not self.mask_drafts:
             proposal = yield from self.speculation.drafting(context, k, self.sampler, tree)
         else:  # drafts drawn from rows the grammar masks, its state rolled back after
@@ -411,12 +411,9 @@ class Run:
         return after_given(given, proposal)
 
     def _draft_k(self, max_k: int | None, given: Sequence[int] = ()) -> int:
-        """This round's drafter's k after ``given`` drafts (none where no drafter drafts
-        after the grammar's)."""
-        room = self._room(max_k) - len(given)
-        if given and self.drafter is None:
-            return 0
-        return min(self.speculation.choose_k(), room)
+        """This round's drafter's k after ``given`` drafts (0 for a request without a
+        drafter: its speculation's k is 0)."""
+        return min(self.speculation.choose_k(), self._room(max_k) - len(given))
 
     def _room(self, max_k: int | None) -> int:
         """The most drafts this round may hold: a round emits up to k + 1 tokens, so never
