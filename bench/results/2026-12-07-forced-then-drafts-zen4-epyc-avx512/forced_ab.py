@@ -3,7 +3,7 @@ sitting it out, as before) against the drafter drafting on after them in the sam
 on the three JSON schemas of ``bench/structured.py``, default pair on int4, greedy, 128
 tokens; JSON as llguidance compiles it by default (whitespace where JSON allows it) and
 compact (no free whitespace, ", " and ": " between items: every key a forced run).
-``compare`` and ``table`` are shared with ``guesses_ab.py``.
+``run`` (``compare``, then ``table``) is shared with ``guesses_ab.py``.
 
     python forced_ab.py --passes 3 > ab.txt
 """
@@ -119,12 +119,17 @@ def table(runs: dict[tuple[str, str, str], list[dict]], passes: int, draft: bool
         )
 
 
-def main() -> None:
+def run(systems, draft: bool) -> None:
+    """``compare`` the ``systems`` ``--passes`` times and print their ``table``."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--passes", type=int, default=3)
     args = parser.parse_args()
+    table(compare(systems, args.passes), args.passes, draft)
+
+
+def main() -> None:
     engine.Run._draft_k = draft_k
-    table(compare(SYSTEMS, args.passes), args.passes, draft=False)
+    run(SYSTEMS, draft=False)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,13 @@ llguidance compiles it by default and compact (``forced_ab.py``, whose harness t
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import specdec.grammar as grammar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forced_ab import SETTING, compare, table  # noqa: E402
+from forced_ab import SETTING, run  # noqa: E402
 
 _forced = grammar.DraftMask.forced
 
@@ -36,11 +35,8 @@ SYSTEMS = (  # name, drafter recipe, run the old way (forced tokens a draft pass
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--passes", type=int, default=3)
-    args = parser.parse_args()
     grammar.DraftMask.forced = forced
-    table(compare(SYSTEMS, args.passes), args.passes, draft=True)
+    run(SYSTEMS, draft=True)
 
 
 if __name__ == "__main__":
