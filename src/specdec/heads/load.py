@@ -265,11 +265,9 @@ def _shared_verify_costs(results: list[dict]) -> dict[int, float] | None:
 
     Why: each evaluation times the target's passes itself, minutes apart on a shared
     machine, and the drafters' predictions moved with those moments more than with their
-    drafts. The default make on the AMD EPYC (Zen 4): the heads' evaluation measured v(2..5)
-    0.96 / 1.00 / 1.05 / 1.04 (a 43 ms step), the draft model's, four minutes later, 1.28 /
-    1.09 / 1.33 / 1.54 (29 ms); with its own curve each, the heads were predicted 1.55x and
-    the draft model 1.51x, with their shared one 1.48x and 1.55x, the order the bench
-    measured on code (bench/results/2026-12-07-heads-make-code-replies-zen4-epyc-avx512)."""
+    drafts: over its own curve each, one make's heads were put ahead of the draft model on
+    code, the reverse of what the bench measured; over the shared one, in its order
+    (bench/results/2026-12-07-heads-make-code-replies-zen4-epyc-avx512)."""
     curves: list[dict] = [result.get("v_by_size") or {} for result in results]
     if len(curves) < 2 or not all(curves):
         return None
