@@ -1,6 +1,6 @@
 """Write bench/results/README.md, the index of the results: per CPU kind, the newest run of
-each system on each workload (from the results.json files `specdec bench` writes), linked to
-its folder; then every folder with its README's title.
+each system on each workload, greedy and sampled apart (from the results.json files
+`specdec bench` writes), linked to its folder; then every folder with its README's title.
 
 python bench/index.py [--results bench/results] [--check]
 
@@ -28,6 +28,7 @@ class Row:
     workload: str
     system: str
     runtime: str
+    sampling: str  # "greedy", or the temperature sampled at ("T=0.7")
     date: str
     folder: str  # relative to the results directory
     tokens_per_second: float
@@ -73,12 +74,14 @@ def rows(results: Path) -> list[Row]:
         for entry in data["summary"]:
             system = entry["system"]
             runtime = system.split("@", 1)[1] if "@" in system else str(meta.get("dtype") or "")
+            temperature = float(meta.get("temperature") or 0.0)
             found.append(
                 Row(
                     cpu,
                     entry["workload"],
                     system.split("@", 1)[0],
                     runtime,
+                    f"T={temperature:g}" if temperature > 0 else "greedy",
                     str(meta.get("date", ""))[:10],
                     folder,
                     float(entry["tokens_per_second"]),
@@ -91,11 +94,11 @@ def rows(results: Path) -> list[Row]:
 
 
 def newest(found: list[Row]) -> dict[str, list[Row]]:
-    """Per CPU kind, the newest row of each (workload, system, runtime) (a tie: the folder
-    that sorts last)."""
-    best: dict[tuple[str, str, str, str], Row] = {}
+    """Per CPU kind, the newest row of each (workload, system, runtime, sampling) (a tie:
+    the folder that sorts last): a sampled run does not stand for a greedy one."""
+    best: dict[tuple[str, str, str, str, str], Row] = {}
     for row in found:
-        key = (row.cpu, row.workload, row.system, row.runtime)
+        key = (row.cpu, row.workload, row.system, row.runtime, row.sampling)
         if key not in best or (row.date, row.folder) >= (best[key].date, best[key].folder):
             best[key] = row
     by_cpu: dict[str, list[Row]] = {}
@@ -123,21 +126,25 @@ def markdown(results: Path) -> str:
         "# Benchmark results",
         "",
         "Written by `python bench/index.py` from the results.json files below; do not edit.",
-        "Per CPU kind, the newest `specdec bench` run of each system on each workload, its",
-        "tokens/s and speedup over that run's reference system (both medians), the fraction",
-        "of outputs identical to the reference's, and the folder it came from. Figures from",
-        "different rows were measured in different runs, often on different days: compare",
-        "within one folder.",
+        "Per CPU kind, the newest `specdec bench` run of each system on each workload, greedy",
+        "and sampled apart: its tokens/s and speedup over that run's reference system (both",
+        "medians), the fraction of outputs identical to the reference's, and the folder it",
+        "came from. Figures from different rows were measured in different runs, often on",
+        "different days: compare within one folder.",
     ]
     for cpu, cpu_rows in newest(rows(results)).items():
         lines += ["", f"## {cpu}", ""]
-        lines += ["| workload | system | runtime | tok/s | speedup | reference | identical | run |"]
-        lines += ["|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "| workload | system | runtime | sampling | tok/s | speedup | reference | identical "
+            "| run |"
+        ]
+        lines += ["|---|---|---|---|---|---|---|---|---|"]
         for row in cpu_rows:
             speedup = "" if row.speedup is None else f"{row.speedup:.2f}x"
             identical = "" if row.identical is None else f"{100 * row.identical:.0f}%"
             lines.append(
-                f"| {row.workload} | {row.system} | {row.runtime} | {row.tokens_per_second:.1f} "
+                f"| {row.workload} | {row.system} | {row.runtime} | {row.sampling} "
+                f"| {row.tokens_per_second:.1f} "
                 f"| {speedup} | {row.reference} | {identical} | [{row.date}]({row.folder}/) |"
             )
     lines += ["", "## Every folder", ""]

@@ -20,7 +20,9 @@ def index_module():
     return module
 
 
-def write_run(folder: Path, machine: str, date: str, tokens_per_second: float) -> None:
+def write_run(
+    folder: Path, machine: str, date: str, tokens_per_second: float, temperature: float = 0.0
+) -> None:
     folder.mkdir(parents=True)
     summary = [
         {"workload": "code", "system": "plain", "reference": "plain", "tokens_per_second": 20.0,
@@ -29,7 +31,7 @@ def write_run(folder: Path, machine: str, date: str, tokens_per_second: float) -
          "tokens_per_second": tokens_per_second, "speedup": tokens_per_second / 20.0,
          "identical": 1.0},
     ]  # fmt: skip
-    meta = {"machine": machine, "date": date, "dtype": "int8"}
+    meta = {"machine": machine, "date": date, "dtype": "int8", "temperature": temperature}
     (folder / "results.json").write_text(json.dumps({"meta": meta, "summary": summary}))
     (folder / "README.md").write_text(f"# A run of {date}\n\nmore\n")
 
@@ -39,15 +41,18 @@ def test_the_newest_run_of_each_system_per_cpu_kind_is_listed(tmp_path):
     zen4 = "AMD EPYC (family 25 model 17, AVX-512), 2 cores, Linux"
     write_run(tmp_path / "2026-12-01-a-epyc-avx512", zen4, "2026-12-01T10:00:00", 30.0)
     write_run(tmp_path / "2026-12-02-b-epyc-avx512", zen4, "2026-12-02T10:00:00", 40.0)
+    write_run(tmp_path / "2026-12-03-t-epyc-avx512", zen4, "2026-12-03T10:00:00", 35.0, 0.7)
     write_run(tmp_path / "2026-11-29-old-epyc-avx2", "AMD EPYC, 2 cores", "2026-11-29", 25.0)
     (tmp_path / "2026-12-03-load").mkdir()  # no results.json: listed among the folders only
     (tmp_path / "2026-12-03-load" / "results.json").write_text(json.dumps({"table": []}))
     text = index.markdown(tmp_path)
     avx512 = text.split("## AMD EPYC (AVX-512)")[1].split("## ")[0]
-    assert "| code | model-auto | int4 | 40.0 | 2.00x | plain | 100% |" in avx512
+    assert "| code | model-auto | int4 | greedy | 40.0 | 2.00x | plain | 100% |" in avx512
+    # a newer sampled run is listed beside the greedy one, not in its place
+    assert "| code | model-auto | int4 | T=0.7 | 35.0 | 1.75x | plain | 100% |" in avx512
     assert "[2026-12-02](2026-12-02-b-epyc-avx512/)" in avx512
     assert "| 30.0 |" not in avx512  # the older run of the same system is not
-    assert "| code | plain | int8 | 20.0 |" in avx512  # a system without @: the run's dtype
+    assert "| code | plain | int8 | greedy | 20.0 |" in avx512  # no @: the run's dtype
     avx2 = text.split("## AMD EPYC (AVX2)")[1].split("## ")[0]  # kind from the folder's name
     assert "| 25.0 |" in avx2
     assert "- [2026-12-03-load](2026-12-03-load/)" in text
