@@ -154,6 +154,21 @@ def test_forced_tokens_are_free_drafts_always_accepted(pair):
     assert alone.token_ids == plain.token_ids and out.stats.rounds < alone.stats.rounds
 
 
+def test_a_round_of_forced_drafts_alone_is_counted_as_one_with_the_drafters(pair):
+    """Where the forced run fills the round's room ("xyzw" with 5 tokens to go), the
+    drafter sits it out; its stats read as those of a forced run the drafter drafts after:
+    the grammar's drafts, none by position, and the target's token after them a bonus."""
+    target, draft = pair
+    params = SamplingParams(
+        max_tokens=5, temperature=0, constraint=Constraint("regex", "xyzw[a-h]")
+    )
+    engine = Engine(backend(target, char_tokenizer()), ModelDrafter(backend(draft)))
+    out = engine.generate(START, params, SpecConfig(k=3))
+    assert out.stats.rounds == 1 and len(out.token_ids) == 5
+    assert out.stats.by_drafter == {"grammar": {"rounds": 1, "drafted": 4, "accepted": 4}}
+    assert sum(out.stats.drafted_per_position) == 0 and out.stats.bonus_tokens == 1
+
+
 class CountedPasses:
     """A backend whose forward passes are counted."""
 

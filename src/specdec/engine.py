@@ -362,7 +362,7 @@ class Run:
         k = self._draft_k(max_k, forced)
         self.speculation.begin(k, self.stats.rounds)
         if k <= 0:
-            return Proposal(forced, drafter=FORCED if forced else ""), 0.0
+            return drive(self._drafting(0, given=forced)), 0.0
         # a long way behind: catch up apart, so that the draft's time is a draft's
         self.stats.drafter_seconds += self.speculation.catch_up_apart(self.context)
         started = time.perf_counter()
@@ -393,7 +393,7 @@ class Run:
         tokens, which it drafts from: its first pass catches up on them); with ``k`` 0
         the given drafts alone (the drafter sits the round out and catches up later)."""
         if k <= 0:
-            return Proposal(list(given), drafter=FORCED) if given else Proposal([])
+            return Proposal(list(given), drafter=FORCED if given else "", given=len(given))
         context = [*self.context, *given] if given else self.context
         if self.grammar is None or not self.mask_drafts:
             proposal = yield from self.speculation.drafting(context, k, self.sampler, tree)

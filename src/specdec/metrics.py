@@ -100,7 +100,7 @@ class SpecStats:
         self.sibling_accepted += int(sibling_taken)
         self.drafted_tokens += k + siblings
         self.accepted_tokens += num_accepted
-        self.bonus_tokens += int(bonus and k > 0)
+        self.bonus_tokens += int(bonus and k + given > 0)
         self.residual_fallbacks += int(residual_fallback)
         self.k_per_round[k] = self.k_per_round.get(k, 0) + 1
         while len(self.drafted_per_position) < k:
