@@ -129,6 +129,46 @@ def structured(target, draft, schema: dict = PERSON) -> tuple:
     return plain, speculative
 
 
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+]
+
+
+def tool_calls(target, draft) -> dict:
+    """The server's tool calls on the real pair, greedy: tool_choice "auto" (free, read
+    after) and get_weather named (constrained), each (plain, speculative k auto)."""
+    from specdec.grammar import is_special_token
+    from specdec.prompting import chat_ids
+    from specdec.server.tools import CALL_CLOSE, CALL_OPEN, Function, ToolUse
+
+    question = [{"role": "user", "content": "What's the weather like in Paris, in celsius?"}]
+    prompt_ids = chat_ids(target.tokenizer, question, TOOLS)
+    tags = all(
+        is_special_token(target.tokenizer, target.vocab_size, target.eos_token_ids, tag)
+        for tag in (CALL_OPEN, CALL_CLOSE)
+    )
+    functions = tuple(Function(t["function"]["name"], t["function"]["parameters"]) for t in TOOLS)
+    runs = {}
+    for choice, use in {
+        "auto": ToolUse(functions, required=False, parallel=False),
+        "named": ToolUse(functions[:1], required=True, parallel=False),
+    }.items():
+        params = SamplingParams(max_tokens=64, temperature=0.0, constraint=use.grammar(tags))
+        plain = Engine(target).generate(prompt_ids, params, SpecConfig(k=0))
+        speculative = Engine(target, ModelDrafter(draft)).generate(
+            prompt_ids, params, SpecConfig(k="auto")
+        )
+        runs[choice] = (use, plain, speculative)
+    return runs
+
+
 @pytest.fixture(scope="module", params=["int8", "int4"])
 def quantized_runs(request):
     """specdec's batch-invariant runtimes (int8; int4, what generate picks on the AVX-512
@@ -142,6 +182,7 @@ def quantized_runs(request):
         structured(target, draft),
         draft.model.get_output_embeddings(),
         structured(target, draft, PERSON | {"x-guidance": COMPACT}),
+        tool_calls(target, draft),
     )
 
 
@@ -206,3 +247,23 @@ def test_quantized_compact_json_equals_plain_with_the_same_logprobs(quantized_ru
     forced = speculative.stats.by_drafter.get("grammar", {"drafted": 0, "accepted": 0})
     assert forced["accepted"] == forced["drafted"]
     assert speculative.stats.rounds < plain.stats.rounds
+
+
+@pytest.mark.parametrize("choice", ["auto", "named"])
+def test_quantized_tool_calls_are_read_and_equal_plain(quantized_runs, choice):
+    """The default target calls get_weather for Paris, whether free to (its call read from
+    its text) or made to (the call's grammar, its tags and keys forced drafts): the same
+    tokens with speculation as without."""
+    from specdec.server.tools import read_calls
+
+    use, plain, speculative = quantized_runs[5][choice]
+    assert speculative.token_ids == plain.token_ids
+    reply = read_calls(speculative.text, use.names, ended=speculative.finish_reason == "stop")
+    assert reply is not None, speculative.text
+    assert [(c.name, json.loads(c.arguments)) for c in reply.calls] == [
+        ("get_weather", {"city": "Paris", "unit": "celsius"})
+    ]
+    if choice == "named":
+        forced = speculative.stats.by_drafter["grammar"]
+        assert forced["accepted"] == forced["drafted"] >= 10
+        assert speculative.stats.rounds < plain.stats.rounds

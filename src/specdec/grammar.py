@@ -60,6 +60,19 @@ def _ll_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: Collection[int
     return known[vocab_size]
 
 
+def is_special_token(
+    tokenizer: Any, vocab_size: int, eos_token_ids: Collection[int], text: str
+) -> bool:
+    """Whether ``text`` is one token that llguidance reads as special for this tokenizer: a
+    Lark grammar must name it as a token (``<tool_call>``), since a quoted ``"<tool_call>"``
+    is its characters, which that token does not match when the output consumes it."""
+    added: dict[str, int] = getattr(tokenizer, "get_added_vocab", dict)()
+    token_id = added.get(text)
+    if token_id is None or token_id >= vocab_size:
+        return False
+    return bool(_ll_tokenizer(tokenizer, vocab_size, eos_token_ids).is_special_token(token_id))
+
+
 class _Wrapped:
     """A tokenizer as llguidance's ``TokenizerWrapper`` reads one: every token's bytes."""
 

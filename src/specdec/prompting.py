@@ -51,19 +51,35 @@ def encode_prompt(tokenizer, prompt: str, template: str = "auto") -> list[int]:
     return list(tokenizer.encode(prompt))
 
 
-def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of a conversation, ending with the assistant's turn prompt. A tokenizer
-    without a chat template, or a template that refuses the messages (its own
-    ``raise_exception``, or any Jinja error), is a ValueError saying so."""
+def chat_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """Token ids of a conversation, ending with the assistant's turn prompt; ``tools``
+    (OpenAI's function definitions) shown to the model by its template. A tokenizer
+    without a chat template, a template that refuses the messages (its own
+    ``raise_exception``, or any Jinja error), or one that does not show tools is a
+    ValueError saying so."""
     import jinja2
 
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template: use raw completion")
     try:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if tools:
+            plain, ids = (
+                ids,
+                tokenizer.apply_chat_template(
+                    messages, tools=tools, add_generation_prompt=True, tokenize=True
+                ),
+            )
+            if list(_ids(ids)) == list(_ids(plain)):
+                raise ValueError("this model's chat template does not show tools to the model")
     except jinja2.TemplateError as error:
         raise ValueError(f"the model's chat template refused these messages: {error}") from None
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return list(_ids(ids))
+
+
+def _ids(encoded) -> list[int]:
+    """``apply_chat_template``'s ids, whether it gives a list or a mapping."""
+    return encoded["input_ids"] if hasattr(encoded, "keys") else encoded
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,17 @@ class LlamaCppTokenizer:
         return self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = True
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tokenize: bool = True,
+        tools: list[dict] | None = None,
     ):
-        """The GGUF's chat template, rendered with jinja2 as transformers does (a sandbox, and
-        ``raise_exception`` for a template's own refusals: jinja2 ``TemplateError``)."""
+        """The GGUF's chat template, rendered with jinja2 as transformers does (a sandbox,
+        ``raise_exception`` for a template's own refusals: jinja2 ``TemplateError``, and its
+        ``tojson``: JSON as ``json.dumps`` writes it, not HTML-escaped as jinja2's own)."""
+        import json
+
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -43,10 +50,22 @@ class LlamaCppTokenizer:
         def raise_exception(message: str):
             raise jinja2.TemplateError(message)
 
+        def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(
+                value,
+                ensure_ascii=ensure_ascii,
+                indent=indent,
+                separators=separators,
+                sort_keys=sort_keys,
+            )
+
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         environment.globals["raise_exception"] = raise_exception
+        environment.filters["tojson"] = tojson
         template = environment.from_string(self.chat_template)
-        text = template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+        text = template.render(
+            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt
+        )
         return self.encode(text) if tokenize else text
 
     def __len__(self) -> int:

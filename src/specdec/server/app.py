@@ -113,7 +113,10 @@ def create_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         service.check_cheap(body)
         messages = [m.as_template_message() for m in body.messages]
-        return await service.serve(body, lambda: chat_ids(scheduler.tokenizer, messages), request)
+        tools = body.template_tools()
+        return await service.serve(
+            body, lambda: chat_ids(scheduler.tokenizer, messages, tools), request
+        )
 
     document_400_not_422(app)
     return app

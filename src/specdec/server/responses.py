@@ -9,6 +9,7 @@ from typing import Any
 from specdec.detokenizer import token_bytes
 from specdec.engine import Chunk
 from specdec.logprobs import TokenLogprob
+from specdec.server.tools import ToolCall, ToolUse, read_calls
 
 
 def usage(prompt_tokens: int, chunks: list[Chunk]) -> dict:
@@ -83,15 +84,26 @@ def completion_body(
     chat: bool,
     replica: str | None,
     text_of: TokenText,
+    use: ToolUse | None = None,
 ) -> dict:
     """A whole completion (``chat.completion`` or ``text_completion``) with ``usage`` (and
-    its speculation) and the ``spec_stats`` extension; ``logprobs`` when asked for."""
+    its speculation) and the ``spec_stats`` extension; ``logprobs`` when asked for. With
+    tools (``use``), the calls in the reply are its ``tool_calls`` (the text before them
+    its content; ``tools.read_calls``) and a reply that ended finishes with "tool_calls"."""
     text = "".join(c.text for c in chunks)
     finish = chunks[-1].finish_reason or "length"
     entries = None if chunks[0].logprobs is None else [e for c in chunks for e in c.logprobs or []]
     if chat:
         logprobs = None if entries is None else chat_logprobs(entries, text_of)
-        message = {"role": "assistant", "content": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        reply = read_calls(text, use.names, ended=finish == "stop") if use else None
+        if reply is not None:
+            message = {
+                "role": "assistant",
+                "content": reply.content,
+                "tool_calls": [call.to_dict() for call in reply.calls],
+            }
+            finish = "tool_calls" if finish == "stop" else finish
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
     else:
         logprobs = None if entries is None else completion_logprobs(entries, text_of, 0)
@@ -146,6 +158,14 @@ class StreamEvents:
                 logprobs = completion_logprobs(entries, self.text_of, self.offset)
                 self.offset += sum(len(token) for token in logprobs["tokens"])
             choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
+        return self._data(choice, extra)
+
+    def calls(self, calls: tuple[ToolCall, ...]) -> str:
+        """A chat stream's delta of whole tool calls (OpenAI's shape, each with its index)."""
+        deltas = [{"index": i} | call.to_dict() for i, call in enumerate(calls)]
+        return self._data({"index": 0, "delta": {"tool_calls": deltas}, "finish_reason": None})
+
+    def _data(self, choice: dict, extra: dict | None = None) -> str:
         payload = {
             "id": self.response_id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",

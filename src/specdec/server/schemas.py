@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specdec.config import MAX_TOP_LOGPROBS, Constraint
+from specdec.server.tools import Function, ToolUse
 
 
 def _valid_text(value: str, what: str) -> str:
@@ -188,20 +189,91 @@ class TextPart(_Strict):
     text: str
 
 
+class CalledFunction(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI gives it back
+
+
+class CallInHistory(_Strict):
+    """An earlier reply's tool call, sent back in ``messages``."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[TextPart]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[CallInHistory] | None = None
+    tool_call_id: str | None = None  # a tool's answer: the call it answers
+    refusal: None = None  # OpenAI's clients send a reply back with it
 
     @field_validator("content")
     @classmethod
     def _content_text(cls, value):
+        if value is None:
+            return value
         text = value if isinstance(value, str) else "".join(part.text for part in value)
         return _valid_text(text, "content")
 
+    @model_validator(mode="after")
+    def _calls_of_a_reply(self):
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls go with an assistant message")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is needed (only an assistant's tool calls go without)")
+        for call in self.tool_calls or []:
+            try:
+                arguments = json.loads(call.function.arguments)
+            except json.JSONDecodeError:
+                arguments = None
+            if not isinstance(arguments, dict):
+                raise ValueError("tool_calls: function.arguments must be a JSON object's text")
+        return self
+
     def as_template_message(self) -> dict[str, Any]:
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": self.content}
+        message: dict[str, Any] = {"role": role, "content": self.content or ""}
+        if self.tool_calls:  # templates take the arguments as an object (transformers' form)
+            message["tool_calls"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": json.loads(call.function.arguments),
+                    },
+                }
+                for call in self.tool_calls
+            ]
+        if self.role == "tool" and self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+class FunctionSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}, "additionalProperties": False},
+        description="the arguments' JSON schema (none given: no arguments, as OpenAI's)",
+    )
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedTool(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_Common):
@@ -216,11 +288,54 @@ class ChatCompletionRequest(_Common):
         description="with logprobs: this many most likely tokens at each position",
     )
 
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
+    parallel_tool_calls: bool | None = None
+
     @model_validator(mode="after")
     def _top_needs_logprobs(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    @model_validator(mode="after")
+    def _tools_fit(self):
+        names = [tool.function.name for tool in self.tools or []]
+        if len(set(names)) < len(names):
+            raise ValueError("tools: each function needs a name of its own")
+        choice = self.tool_choice
+        if isinstance(choice, NamedTool) and choice.function.name not in names:
+            raise ValueError(f"tool_choice: no function {choice.function.name!r} in tools")
+        if choice == "required" and not names:
+            raise ValueError('tool_choice "required" needs tools')
+        other = (self.response_format is not None and self.response_format.type != "text") or (
+            self.guided_regex is not None or self.guided_grammar is not None
+        )
+        if other and self.tool_use() is not None:
+            raise ValueError(
+                'give tools or response_format (or guided_*), not both, or tool_choice "none"'
+            )
+        return self
+
+    def tool_use(self) -> ToolUse | None:
+        """What the model may do with the tools (None: no tools, or tool_choice "none")."""
+        choice = self.tool_choice or "auto"
+        if not self.tools or choice == "none":
+            return None
+        functions = [Function(t.function.name, t.function.parameters) for t in self.tools]
+        if isinstance(choice, NamedTool):
+            functions = [f for f in functions if f.name == choice.function.name]
+        return ToolUse(
+            functions=tuple(functions),
+            required=choice != "auto",
+            parallel=self.parallel_tool_calls is not False,
+        )
+
+    def template_tools(self) -> list[dict] | None:
+        """The tools as the chat template shows them to the model (none for "none")."""
+        if self.tool_use() is None:
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in self.tools or []]
 
     def logprobs_wanted(self) -> int | None:
         """``SamplingParams.logprobs``: None, or how many most likely tokens to return."""

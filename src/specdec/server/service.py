@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
@@ -17,13 +18,14 @@ from fastapi.responses import Response, StreamingResponse
 
 from specdec.config import Constraint, SamplingParams, SpecConfig
 from specdec.engine import Chunk
-from specdec.grammar import Grammar
+from specdec.grammar import Grammar, is_special_token
 from specdec.server import responses
 from specdec.server.errors import ApiError, ClientGone, as_api_error
 from specdec.server.guard import Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import END, Job, QueueFull, Scheduler
 from specdec.server.schemas import ChatCompletionRequest, CompletionBody
+from specdec.server.tools import CALL_CLOSE, CALL_OPEN, HeldText, ToolUse, read_calls
 
 RETRY_AFTER_SECONDS = 1
 
@@ -76,11 +78,13 @@ class Service:
             )
             raise ApiError(400, message, "stop")
 
-    def params(self, body: CompletionBody) -> SamplingParams:
+    def params(self, body: CompletionBody, use: ToolUse | None = None) -> SamplingParams:
+        """``use``: the request's tools; where it requires calls, their grammar constrains
+        the output."""
         try:
-            constraint = body.constraint()
+            constraint = use.grammar(self.tag_tokens) if use and use.required else body.constraint()
         except ValueError as error:
-            raise ApiError(400, str(error), "response_format") from None
+            raise ApiError(400, str(error), grammar_param(use)) from None
         try:
             return SamplingParams(
                 max_tokens=body.token_budget(self.default_max_tokens),
@@ -101,9 +105,10 @@ class Service:
 
     async def serve(self, body: CompletionBody, encode: Callable[[], list[int]], request: Request):
         """Answer ``body`` (checked cheaply already), its prompt's ids from ``encode``."""
-        params, spec = self.params(body), self.spec(body)
+        use = body.tool_use() if isinstance(body, ChatCompletionRequest) else None
+        params, spec = self.params(body, use), self.spec(body)
         if params.constraint is not None:  # a grammar that does not compile is a 400 now
-            await run_in_threadpool(self.check_constraint, params.constraint)
+            await run_in_threadpool(self.check_constraint, params.constraint, grammar_param(use))
         try:
             prompt_ids = await run_in_threadpool(encode)
         except ValueError as error:
@@ -136,7 +141,7 @@ class Service:
                 response_id, self.model_name, chat, self.replica, self.text_of
             )
             return StreamingResponse(
-                self.stream(job, first, ttft, events), media_type="text/event-stream"
+                self.stream(job, first, ttft, events, use), media_type="text/event-stream"
             )
         chunks = [first]
         gaps = Gaps(self.metrics, since=job.submitted + ttft)
@@ -160,16 +165,27 @@ class Service:
             chat,
             self.replica,
             self.text_of,
+            use,
         )
 
-    def check_constraint(self, constraint: Constraint) -> None:
+    @cached_property
+    def tag_tokens(self) -> bool:
+        """Whether tool calls' tags are special tokens of the target's tokenizer (the first
+        request with required calls builds llguidance's form of it, then it is kept)."""
+        target, tokenizer = self.scheduler.target_model, self.scheduler.tokenizer
+        return all(
+            is_special_token(tokenizer, target.vocab_size, target.eos_token_ids, tag)
+            for tag in (CALL_OPEN, CALL_CLOSE)
+        )
+
+    def check_constraint(self, constraint: Constraint, param: str) -> None:
         """Compile the request's grammar once before it queues (the tokenizer's grammar form
         is built on the first such request, about a second, then kept)."""
         target = self.scheduler.target_model
         try:
             Grammar(constraint, self.scheduler.tokenizer, target.vocab_size, target.eos_token_ids)
         except ValueError as error:
-            raise ApiError(400, str(error), "response_format") from None
+            raise ApiError(400, str(error), param) from None
 
     def check_length(self, prompt_ids: list[int]) -> None:
         limit = self.limits.max_prompt_tokens
@@ -204,9 +220,18 @@ class Service:
         self.metrics.requests.labels(status).inc()
 
     async def stream(
-        self, job: Job, first: Chunk, ttft: float, events: responses.StreamEvents
+        self,
+        job: Job,
+        first: Chunk,
+        ttft: float,
+        events: responses.StreamEvents,
+        use: ToolUse | None = None,
     ) -> AsyncIterator[str]:
+        """The events of a streamed completion. With tools (``use``), text that may be a
+        call is held back (``HeldText``) and read as calls at the end: sent as one
+        ``tool_calls`` delta, or as text if it is not a well-formed call."""
         chunks: list[Chunk] = []
+        held = HeldText() if use else None
         status = "disconnected"  # until the stream ends as it should
         gaps = Gaps(self.metrics, since=job.submitted + ttft)
         try:
@@ -215,8 +240,9 @@ class Service:
             item = first
             while True:
                 chunks.append(item)
-                if item.text or item.logprobs:
-                    yield events.event(item.text, None, entries=item.logprobs)
+                text = held.feed(item.text) if held else item.text
+                if text or item.logprobs:
+                    yield events.event(text, None, entries=item.logprobs)
                 if item.finish_reason is not None:
                     break
                 item = await job.queue.get()
@@ -231,17 +257,31 @@ class Service:
                     return
                 gaps.chunk()  # a chunk's: an error is none (as in the handler above)
             last = chunks[-1]
+            finish = last.finish_reason or "length"
+            if use and held:
+                text = "".join(c.text for c in chunks)
+                reply = read_calls(text, use.names, ended=finish == "stop")
+                if reply is not None:
+                    yield events.calls(reply.calls)
+                    finish = "tool_calls" if finish == "stop" else finish
+                elif held.held:
+                    yield events.event(held.held, None)
             extra = {
                 "usage": responses.usage(len(job.prompt_ids), chunks),
                 "spec_stats": last.stats.to_dict(),
             }
-            yield events.event(None, last.finish_reason or "length", extra=extra)
+            yield events.event(None, finish, extra=extra)
             yield responses.DONE
             status = "ok"
         finally:
             if status == "disconnected":
                 self.scheduler.cancel(job)  # the client went away: free the slot next round
             self.finish(job, chunks, ttft, status)
+
+
+def grammar_param(use: ToolUse | None) -> str:
+    """The request field an output grammar came from (what its errors name)."""
+    return "tools" if use is not None and use.required else "response_format"
 
 
 class Gaps:
