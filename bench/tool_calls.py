@@ -12,14 +12,16 @@ grammar forced, mean accepted length, whether the output is identical to plain d
 whether the calls read back are calls of the offered functions. One call a reply
 (``parallel_tool_calls: false``), as agents that act on one call at a time ask.
 
-``--serve``: the same requests to a `specdec serve` process (its defaults) through the openai
-client, as an agent's two turns: the call, then the tool's result sent back for the answer
-(tool_choice "auto"). Each conversation is sent once before the timed passes, so every timed
-request finds its prompt in a cache (the server copies a prefix another request's cache
-holds), as an agent's next turn finds the turns before it; the prompt's cold prefill is
-what the in-process table above includes. Per turn: seconds (median), speculative (the
-server's default drafter, k auto) against ``num_speculative_tokens: 0``, and whether both
-gave the same reply.
+``--serve``: the same requests to `specdec serve` (its defaults) through the openai client,
+as an agent's two turns: the call, then the tool's result sent back for the answer
+(tool_choice "auto"). One server a system (plain: ``num_speculative_tokens: 0``; speculative:
+the server's default drafter, k auto), both started side by side and asked in turn (which
+goes first alternates between passes), so that neither finds the other's caches. Each
+conversation's first turn is sent once untimed just before it, so its prompt is in a cache
+(the server copies a prefix another request's cache holds), as an agent that sends the same
+tools again finds it; the second turn finds the first turn's prompt and reply there, as an
+agent's next turn does. The prompt's cold prefill is what the in-process table includes.
+Per turn: seconds (median) and whether both systems gave the same reply.
 """
 
 from __future__ import annotations
@@ -123,7 +125,9 @@ def tool_use(tools: list[dict], choice: str, named: str | None) -> ToolUse:
 
 
 PORT = 8793
-RESULT = '{"status": "ok"}'  # what each tool answers in the second turn
+# What each tool answers for the second turn: it names the request's tool_choice, so that no
+# second turn's prompt is another's (the same tools and call in two modes would otherwise be)
+RESULT = '{{"status": "ok", "asked_as": "{}"}}'
 
 
 def conversation(client, name: str, choice: str, speculative: bool, max_tokens: int) -> list:
@@ -133,18 +137,20 @@ def conversation(client, name: str, choice: str, speculative: bool, max_tokens: 
     messages: list[dict] = [{"role": "user", "content": question}]
     extra = {} if speculative else {"num_speculative_tokens": 0}
     turns = []
-    for turn in (1, 2):
+    for turn in (0, 1, 2):  # 0: the first turn, untimed, to put its prompt in a cache
         began = time.perf_counter()
         reply = client.chat.completions.create(
             model=SERVED,
             messages=messages,
             tools=tools,
-            tool_choice=tool_choice if turn == 1 else "auto",
+            tool_choice=tool_choice if turn < 2 else "auto",
             parallel_tool_calls=False,
             max_tokens=max_tokens,
             temperature=0,
             extra_body=extra,
         )
+        if turn == 0:
+            continue
         turns.append((time.perf_counter() - began, reply))
         message = reply.choices[0].message
         if turn == 1 and not message.tool_calls:
@@ -152,7 +158,8 @@ def conversation(client, name: str, choice: str, speculative: bool, max_tokens: 
         if turn == 1:
             messages.append(message.model_dump(exclude_unset=True))
             calls = message.tool_calls or []
-            messages += [{"role": "tool", "tool_call_id": c.id, "content": RESULT} for c in calls]
+            result = RESULT.format(choice)
+            messages += [{"role": "tool", "tool_call_id": c.id, "content": result} for c in calls]
     return turns
 
 
@@ -160,8 +167,13 @@ def served(args) -> int:
     from openai import OpenAI
     from serving import stop, wait_ready  # bench/serving.py, beside this script
 
-    log = open("/tmp/tool-calls-serve.log", "w")  # noqa: SIM115
-    server = subprocess.Popen(["specdec", "serve", "--port", str(PORT)], stdout=log, stderr=log)
+    servers = []  # one a system, so that neither finds the other's caches (BatchedModel.RECENT)
+    for speculative in (False, True):
+        log = open(f"/tmp/tool-calls-serve-{speculative}.log", "w")  # noqa: SIM115
+        port = PORT + speculative
+        servers.append(
+            subprocess.Popen(["specdec", "serve", "--port", str(port)], stdout=log, stderr=log)
+        )
     cases = [
         (name, choice)
         for name, (_, _, named) in REQUESTS.items()
@@ -170,19 +182,25 @@ def served(args) -> int:
     ]
     rows: dict[tuple, list] = {}
     try:
-        wait_ready(PORT)
-        client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="unused", timeout=900)
-        for timed in [False] + [True] * args.passes:
+        clients = {}
+        for speculative in (False, True):
+            wait_ready(PORT + speculative)
+            url = f"http://127.0.0.1:{PORT + speculative}/v1"
+            clients[speculative] = OpenAI(base_url=url, api_key="unused", timeout=900)
+            # warm-up: kernels, grammar tables
+            conversation(clients[speculative], "weather", "auto", speculative, 8)
+        for done in range(args.passes):
             for name, choice in cases:
-                for speculative in (False, True):
+                for speculative in (False, True) if done % 2 else (True, False):
+                    client = clients[speculative]
                     turns = conversation(client, name, choice, speculative, args.max_tokens)
                     for turn, (seconds, reply) in enumerate(turns, 1):
-                        if timed:
-                            rows.setdefault((name, choice, turn, speculative), []).append(
-                                (seconds, reply)
-                            )
+                        rows.setdefault((name, choice, turn, speculative), []).append(
+                            (seconds, reply)
+                        )
     finally:
-        stop(server)
+        for server in servers:
+            stop(server)
 
     def shown(reply) -> str:
         message = reply.choices[0].message
@@ -192,8 +210,8 @@ def served(args) -> int:
     lines = [
         "# Tool calls through `specdec serve` (its defaults), an agent's two turns, greedy",
         "",
-        f"CPU: {cpu_name()} ({cpu_kind()}); {args.passes} timed passes after one untimed, "
-        "medians; every prompt already in a cache.",
+        f"CPU: {cpu_name()} ({cpu_kind()}); {args.passes} passes, medians; a first turn's "
+        "prompt sent once just before it, a second turn's prefix the first turn's.",
         "",
         "| request | tool_choice | turn | tokens | plain s | speculative s | speedup | "
         "same reply | reply |",
@@ -212,6 +230,17 @@ def served(args) -> int:
         summary[f"{name} / {choice} / turn {turn}"] = {
             "plain_seconds": plain_s,
             "speculative_seconds": spec_s,
+            "runs": {  # each pass: seconds, and where the server says the time went
+                system: [
+                    {"seconds": s}
+                    | {
+                        part: r.model_extra["spec_stats"][part]
+                        for part in ("prefill_seconds", "drafter_seconds", "target_seconds")
+                    }
+                    for s, r in these
+                ]
+                for system, these in (("plain", runs), ("speculative", spec_runs))
+            },
             "speedup": plain_s / spec_s,
             "tokens": tokens,
             "same_reply": same,

@@ -259,3 +259,42 @@ def test_a_drafter_left_part_way_through_its_prefill_catches_up_apart(pair):
     proposal, _ = run.propose()
     assert run.speculation.sat_out == 0 and run.stats.drafter_seconds > 0  # caught up apart
     assert proposal.token_ids and draft_seq.cached_token_ids[: LONG - 1] == prompt[:-1]
+
+
+def test_a_window_another_cache_holds_is_read_on_not_read_again_from_a_later_cut(pair):
+    """A conversation's next turn: the draft of a request whose prompt goes on from one a
+    cache holds (a window of its first tokens and tail) reads on from that cache's cut,
+    copying it, where a later cut would read the whole tail again; alone, it reads its own
+    tail. Greedy output is plain decoding's either way."""
+    target, draft, tokenizer = pair
+    tail, sink = 40, ModelDrafter.PROMPT_SINK
+    turn1 = random_ids(11, 100, vocab=30)
+    turn2 = turn1 + random_ids(12, 25, vocab=30)
+    draft_model = model_of(draft)
+    ModelDrafter(draft_model.sequence(), prompt_tail=tail).prepare(turn1)
+    copied = draft_model.reused_tokens
+    nxt = ModelDrafter(draft_model.sequence(), prompt_tail=tail)
+    nxt.prepare(turn2)
+    window = turn2[:sink] + turn2[len(turn1) - tail :]
+    assert nxt.backend.cached_token_ids == window[:-1]
+    assert draft_model.reused_tokens - copied == sink + tail - 1  # all turn 1's window held
+    other = model_of(draft)  # another model of the same weights: no cache to copy from
+    alone = ModelDrafter(other.sequence(), prompt_tail=tail)
+    alone.prepare(turn2)
+    assert alone.backend.cached_token_ids == (turn2[:sink] + turn2[-tail:])[:-1]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    plain = Engine(backend(target, tokenizer)).generate(turn2, params)
+    out = Engine(backend(target, tokenizer), nxt).generate(turn2, params, SpecConfig(k=3))
+    assert out.token_ids == plain.token_ids and out.stats.accepted_tokens > 0
+
+
+def test_a_request_that_drafts_nothing_makes_no_draft_sequence(pair):
+    """k = 0: no drafter, so no draft sequence takes a prefix donor's place."""
+    target, draft, tokenizer = pair
+    scheduler = Scheduler(target, tokenizer, draft, prefill_rows=None)
+    made = []
+    scheduler.draft_model.sequence = lambda: made.append(1)  # type: ignore[method-assign]
+    plain = job(random_ids(13, 20, vocab=30), 3)
+    plain.spec = SpecConfig(k=0)
+    scheduler._step_batched([_Active(plain)])
+    assert not made and tokens_of(plain)

@@ -98,6 +98,13 @@ def held_prefix(backend: Backend, tokens: Sequence[int]) -> int:
     return keep
 
 
+def shareable_prefixes(backend: Backend) -> list[Sequence[int]]:
+    """The token ids whose prefixes ``held_prefix`` can give ``backend`` without computing
+    them: its cache's, and, where the backend can copy from other sequences, theirs."""
+    shareable = getattr(backend, "shareable_prefixes", None)
+    return list(shareable()) if shareable is not None else [backend.cached_token_ids]
+
+
 def eos_token_ids(model: Any, tokenizer: Any | None) -> set[int]:
     """EOS ids from the generation config (which may list several), else the tokenizer."""
     ids: set[int] = set()

@@ -153,9 +153,7 @@ class ModelSequence:
         from specdec.backends.base import common_prefix_length
 
         best, donor = common_prefix_length(self._ids, token_ids), None
-        for other in self.source.donors():
-            if other is self or (self._hidden is not None and other._hidden is None):
-                continue  # a sequence that keeps features needs a donor that kept them too
+        for other in self._donors():
             length = common_prefix_length(other._ids, token_ids)
             if length > best:
                 best, donor = length, other
@@ -169,6 +167,20 @@ class ModelSequence:
             self._hidden = donor._hidden[:best].clone()
         self.source.reused_tokens += best
         return best
+
+    def _donors(self) -> list[ModelSequence]:
+        """The other sequences ``reuse_prefix`` may copy from (a sequence that keeps
+        features needs a donor that kept them too)."""
+        return [
+            other
+            for other in self.source.donors()
+            if other is not self and not (self._hidden is not None and other._hidden is None)
+        ]
+
+    def shareable_prefixes(self) -> list[Sequence[int]]:
+        """The token ids this cache and those ``reuse_prefix`` may copy from hold: a prefix
+        of any of them costs no rows to have."""
+        return [self._ids, *(other._ids for other in self._donors())]
 
     def _commit(self, token_ids: list[int], features: torch.Tensor) -> None:
         start, end = len(self._ids), len(self._ids) + len(token_ids)

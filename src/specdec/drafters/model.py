@@ -6,7 +6,12 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.backends.base import Backend, common_prefix_length, sync_cache
+from specdec.backends.base import (
+    Backend,
+    common_prefix_length,
+    shareable_prefixes,
+    sync_cache,
+)
 from specdec.config import SamplingParams
 from specdec.drafters.base import (
     Branch,
@@ -32,7 +37,8 @@ class ModelDrafter(StepwiseDrafter):
     longest prefix it shares with ``context`` and feeds what is missing. After a round in
     which all k drafts were accepted, that is the last draft (never fed) plus the bonus
     token; after a rejection, just the recovered token. Of a prompt longer than
-    ``PROMPT_SINK + prompt_tail`` tokens it reads only the first and the last (``_fit``).
+    ``PROMPT_SINK + prompt_tail`` tokens it reads only the first and the last ``prompt_tail``
+    or more (a longer window a cache already holds: ``_fit``).
 
     With a ``guide`` (prompt lookup: what followed an earlier occurrence of the context's
     tail), the draft reads the guide's guesses in the same pass as what it feeds (what it
@@ -56,6 +62,7 @@ class ModelDrafter(StepwiseDrafter):
     # Its drafts are still draws from the distributions it reports: exactness holds.
     PROMPT_SINK = 4
     PROMPT_TAIL = 256
+    MATCH = 8  # tokens after a held window's cut that must match to try that cut (_fit)
 
     def __init__(
         self,
@@ -94,21 +101,45 @@ class ModelDrafter(StepwiseDrafter):
 
     def _fit(self, context: Sequence[int]) -> None:
         """Choose what the draft reads of ``context`` and of every context that goes on
-        from it: all of it, or the first ``PROMPT_SINK`` tokens and the last
-        ``prompt_tail`` (the tokens between them skipped from then on) where that feeds
-        fewer tokens than all of it would (a cache that already holds most of the text
-        goes on reading all of it)."""
+        from it: all of it, or the first ``PROMPT_SINK`` tokens and the tokens from a cut on
+        (the tokens between them skipped from then on), whichever leaves the fewest rows to
+        compute. The cuts tried: the one that reads the last ``prompt_tail``, and any
+        earlier one where a cache the backend has or can copy from holds that window (a
+        conversation's next turn, or a request with the same prompt before it), so that a
+        window once read is read on, not read again from a later cut; a cache that
+        already holds most of the text goes on reading all of it."""
         self._skip = None
         tail = self.prompt_tail
         if tail is None or len(context) <= self.PROMPT_SINK + tail:
             return
-        cut = len(context) - tail
-        part = [*context[: self.PROMPT_SINK], *context[cut:]]
-        held = self.backend.cached_token_ids
-        if len(part) - common_prefix_length(held, part) < len(context) - common_prefix_length(
-            held, context
-        ):
+        held = shareable_prefixes(self.backend)
+
+        def rows(cut: int | None) -> int:  # to compute, for that window (None: all)
+            seen = context if cut is None else self._window(context, cut)
+            return len(seen) - max(common_prefix_length(ids, seen) for ids in held)
+
+        cut = min([len(context) - tail, *self._held_cuts(context, held)], key=rows)
+        if rows(cut) < rows(None):
             self._skip = (cut, list(context[:cut]))
+
+    def _window(self, context: Sequence[int], cut: int) -> list[int]:
+        return [*context[: self.PROMPT_SINK], *context[cut:]]
+
+    def _held_cuts(self, context: Sequence[int], held: list[Sequence[int]]) -> list[int]:
+        """Cuts of ``context`` whose windows begin as one of ``held`` does (its sink, then
+        at least ``MATCH`` tokens from the cut on), reading at least ``prompt_tail``."""
+        sink, last = self.PROMPT_SINK, len(context) - (self.prompt_tail or 0)
+        cuts = []
+        for ids in held:
+            after = list(ids[sink : sink + self.MATCH])
+            if len(after) < self.MATCH or list(ids[:sink]) != list(context[:sink]):
+                continue
+            cuts += [
+                cut
+                for cut in range(sink + 1, last + 1)
+                if context[cut] == after[0] and list(context[cut : cut + self.MATCH]) == after
+            ]
+        return cuts
 
     def _seen(self, context: Sequence[int]) -> Sequence[int]:
         """What the draft reads of ``context`` (``_fit``); a context that does not go on

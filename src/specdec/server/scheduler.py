@@ -220,7 +220,9 @@ class Scheduler:
 
     def _begin(self, job: Job) -> Run:
         target = self.target_model.sequence()
-        drafter = self._drafter(job.drafter, target)
+        # k = 0 drafts nothing: no drafter, whose draft sequence would take a prefix donor's
+        # place (BatchedModel.RECENT) for nothing
+        drafter = None if job.spec.k == 0 else self._drafter(job.drafter, target)
         controller = None
         if job.spec.adaptive:  # one controller per drafter recipe: what one request learns helps
             key = f"{job.drafter}@{job.spec.max_k}"
