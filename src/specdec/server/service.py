@@ -106,6 +106,8 @@ class Service:
     async def serve(self, body: CompletionBody, encode: Callable[[], list[int]], request: Request):
         """Answer ``body`` (checked cheaply already), its prompt's ids from ``encode``."""
         use = body.tool_use() if isinstance(body, ChatCompletionRequest) else None
+        if use is not None and use.required:  # llguidance's tokenizer, built once, off the loop
+            await run_in_threadpool(lambda: self.tag_tokens)
         params, spec = self.params(body, use), self.spec(body)
         if params.constraint is not None:  # a grammar that does not compile is a 400 now
             await run_in_threadpool(self.check_constraint, params.constraint, grammar_param(use))
