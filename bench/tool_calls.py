@@ -250,12 +250,18 @@ def served(args) -> int:
             f"| {name} | {choice} | {turn} | {tokens} | {plain_s:.2f} | {spec_s:.2f} | "
             f"{plain_s / spec_s:.2f}x | {same} | `{shown(reply)}` |"
         )
+    return write(lines, summary, args.out, "served.md", "served.json")
+
+
+def write(lines: list[str], summary: dict, out: Path | None, table: str, data: str) -> int:
+    """The table to stdout and, with ``out``, to its files there: ``table`` (markdown) and
+    ``data`` (the summary as JSON)."""
     report = "\n".join(lines) + "\n"
     sys.stdout.write(report)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "served.md").write_text(report)
-        (args.out / "served.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / table).write_text(report)
+        (out / data).write_text(json.dumps(summary, indent=1) + "\n")
     return 0
 
 
@@ -352,13 +358,7 @@ def main() -> int:
                 f"{last['mean_accepted_length']:.2f} | "
                 f"{all(r['identical_to_plain'] for r in runs)} | `{calls}` |"
             )
-    report = "\n".join(lines) + "\n"
-    sys.stdout.write(report)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.md").write_text(report)
-        (args.out / "tool_calls.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return 0
+    return write(lines, summary, args.out, "results.md", "tool_calls.json")
 
 
 if __name__ == "__main__":
