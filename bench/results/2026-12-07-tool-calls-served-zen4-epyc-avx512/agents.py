@@ -29,10 +29,13 @@ for done in range(rounds):
     wall = time.perf_counter() - began
     second = [turns[1][1].model_extra["spec_stats"] for turns in runs if len(turns) > 1]
     first = [turns[0][1].model_extra["spec_stats"] for turns in runs]
+    first_pre = statistics.median(s["prefill_seconds"] for s in first)
+    second_pre = statistics.median(s["prefill_seconds"] for s in second)
+    second_max = max(s["prefill_seconds"] for s in second)
+    second_s = statistics.median(t[1][0] for t in runs if len(t) > 1)
     print(
         f"round {done}: {len(cases)} agents, wall {wall:.2f} s;",
-        f"first turns' prefill median {statistics.median(s['prefill_seconds'] for s in first):.3f} s,",
-        f"second turns' prefill median {statistics.median(s['prefill_seconds'] for s in second):.3f} s",
-        f"(max {max(s['prefill_seconds'] for s in second):.3f}),",
-        f"second turns' seconds median {statistics.median(t[1][0] for t in runs if len(t) > 1):.2f}",
+        f"first turns' prefill median {first_pre:.3f} s,",
+        f"second turns' prefill median {second_pre:.3f} s (max {second_max:.3f}),",
+        f"second turns' seconds median {second_s:.2f}",
     )
