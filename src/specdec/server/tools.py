@@ -1,5 +1,6 @@
-"""Tool calls (OpenAI's ``tools``): the grammar of the calls a request requires, and the
-calls read back from the model's text. Pure functions, no server state.
+"""Tool calls (OpenAI's ``tools``): the grammar of the calls a request requires, the calls
+read back from the model's text, and a stream's text held where a call may begin
+(``HeldText``). No server state.
 
 The model's chat template shows it the functions and the form of a call. Qwen2.5's, like
 Hermes's (and vLLM's ``hermes`` parser, which reads them), is a JSON object between tags::
@@ -9,14 +10,16 @@ Hermes's (and vLLM's ``hermes`` parser, which reads them), is a JSON object betw
     </tool_call>
 
 ``tool_choice`` "auto": the model writes text, calls or both as it likes, and the calls are
-read from its text when it ends (``read_calls``; text that is not a well-formed call of an
-offered function stays text). "required", or one function named: the output is constrained
-(an llguidance Lark grammar, ``call_grammar``) to one call or more, each a JSON object whose
-``name`` is an offered function's and whose ``arguments`` follow that function's
-``parameters`` schema. The grammar lays the JSON out on one line as above, so the tags, the
-keys and a named function's name are forced tokens: free drafts, accepted with certainty.
-Exactness is structured output's (``grammar.py``): the calls follow the target's
-distribution restricted to what the grammar allows, with speculation or without.
+read from its text when it ends (``read_calls``: tagged calls, or a reply that is nothing but
+a call's JSON, bare or in a json fence, as the 1.5B default target writes them; text that is
+not a well-formed call of an offered function stays text). "required", or one function
+named: the output is constrained (an llguidance Lark grammar, ``call_grammar``) to one call
+or more, each a JSON object whose ``name`` is an offered function's and whose ``arguments``
+follow that function's ``parameters`` schema. The grammar lays the JSON out on one line as
+above, so the tags, the keys and a named function's name are forced tokens: free drafts,
+accepted with certainty. Exactness is structured output's (``grammar.py``): the calls
+follow the target's distribution restricted to what the grammar allows, with speculation or
+without.
 """
 
 from __future__ import annotations
