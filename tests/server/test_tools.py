@@ -301,7 +301,10 @@ def test_a_required_call_is_well_formed_and_the_same_with_speculation_and_withou
     )
 
 
-def test_parallel_calls_come_one_a_line_and_a_cut_reply_keeps_its_closed_ones(client):
+def test_parallel_calls_are_calls_of_the_offered_functions(client):
+    """Parallel calls (the default): each call read back is one of the functions offered
+    with JSON arguments; the random model may be cut at max_tokens (closed calls are
+    returned then: ``test_a_cut_reply_keeps_its_closed_calls...`` reads them by hand)."""
     reply = ask(client, tools=TOOLS, tool_choice="required", max_tokens=120)
     choice = reply.choices[0]
     calls = choice.message.tool_calls or []
@@ -339,13 +342,19 @@ def test_a_conversation_with_earlier_calls_and_their_results_is_served(client):
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
-    reply = ask(client, messages=history, tools=TOOLS)
-    assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    reply = ask(client, messages=history, tools=TOOLS, max_tokens=4)
+    without_call = ASK + [{"role": "assistant", "content": ""}, history[-1]]
+    bare = ask(client, messages=without_call, tools=TOOLS, max_tokens=4)
+    shown = '<tool_call>{"name": "weather", "arguments": {"unit": "celsius"}}</tool_call>'
+    assert (
+        reply.usage.prompt_tokens - bare.usage.prompt_tokens
+        == len(shown) - len("<tool_call>" + "</tool_call>") + 2
+    )  # the template showed the call: its characters, its two tags a token each
     # the reply's own message, sent back as the openai client gives it, is accepted too
     first = ask(client, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     message = first.choices[0].message.model_dump(exclude_unset=True)
     again = ask(client, messages=ASK + [message, history[-1]], tools=TOOLS, max_tokens=4)
-    assert again.choices[0].message is not None
+    assert again.usage.prompt_tokens > bare.usage.prompt_tokens
 
 
 @pytest.mark.parametrize(
