@@ -36,13 +36,12 @@ from pathlib import Path
 
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.drafters.recipe import DraftSources, build_drafter
-from specdec.grammar import is_special_token
 from specdec.loading import load_backend
 from specdec.machine import cpu_kind, cpu_name
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompting import chat_ids
 from specdec.runtime import load_draft
-from specdec.server.tools import CALL_CLOSE, CALL_OPEN, Function, ToolUse, read_calls
+from specdec.server.tools import Function, ToolUse, read_calls, tags_are_tokens
 
 
 def function(name: str, description: str, properties: dict, required: list[str]) -> dict:
@@ -108,6 +107,12 @@ REQUESTS = {  # name: (question, tools, the function a named choice names)
     "search": ("Find examples of binary search written in Rust, at most 5 results.", SEARCH, None),
 }
 CHOICES = ("auto", "required", "named")
+CASES = [  # (request, tool_choice): every request in every mode ("named" where it names one)
+    (name, choice)
+    for name, (_, _, named) in REQUESTS.items()
+    for choice in CHOICES
+    if choice != "named" or named is not None
+]
 SERVED = DEFAULT_TARGET
 SYSTEMS = {  # name: (drafter recipe, how it speculates)
     "plain": ("none", SpecConfig(k=0)),
@@ -174,12 +179,6 @@ def served(args) -> int:
         servers.append(
             subprocess.Popen(["specdec", "serve", "--port", str(port)], stdout=log, stderr=log)
         )
-    cases = [
-        (name, choice)
-        for name, (_, _, named) in REQUESTS.items()
-        for choice in CHOICES
-        if choice != "named" or named is not None
-    ]
     rows: dict[tuple, list] = {}
     try:
         clients = {}
@@ -190,7 +189,7 @@ def served(args) -> int:
             # warm-up: kernels, grammar tables
             conversation(clients[speculative], "weather", "auto", speculative, 8)
         for done in range(args.passes):
-            for name, choice in cases:
+            for name, choice in CASES:
                 for speculative in (False, True) if done % 2 else (True, False):
                     client = clients[speculative]
                     turns = conversation(client, name, choice, speculative, args.max_tokens)
@@ -279,20 +278,11 @@ def main() -> int:
     draft, _ = load_draft(DEFAULT_DRAFT, args.runtime, target_runtime=args.runtime)
     sources = DraftSources(draft_model=lambda: draft)
     tokenizer = target.tokenizer
-    tag_tokens = all(
-        is_special_token(tokenizer, target.vocab_size, target.eos_token_ids, tag)
-        for tag in (CALL_OPEN, CALL_CLOSE)
-    )
-    cases = [
-        (name, choice)
-        for name, (_, _, named) in REQUESTS.items()
-        for choice in CHOICES
-        if choice != "named" or named is not None
-    ]
+    tag_tokens = tags_are_tokens(tokenizer, target.vocab_size, target.eos_token_ids)
     rows: dict[tuple[str, str, str], list[dict]] = {}
     plain: dict[tuple[str, str], list[int]] = {}
     for _ in range(args.passes):
-        for name, choice in cases:
+        for name, choice in CASES:
             question, tools, named = REQUESTS[name]
             use = tool_use(tools, choice, named)
             prompt_ids = chat_ids(tokenizer, [{"role": "user", "content": question}], tools)
@@ -333,7 +323,7 @@ def main() -> int:
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     summary = {}
-    for name, choice in cases:
+    for name, choice in CASES:
         base = statistics.median(r["tokens_per_second"] for r in rows[(name, choice, "plain")])
         decode_base = statistics.median(
             r["decode_tokens_per_second"] for r in rows[(name, choice, "plain")]

@@ -144,16 +144,12 @@ TOOLS = [
 def tool_calls(target, draft) -> dict:
     """The server's tool calls on the real pair, greedy: tool_choice "auto" (free, read
     after) and get_weather named (constrained), each (plain, speculative k auto)."""
-    from specdec.grammar import is_special_token
     from specdec.prompting import chat_ids
-    from specdec.server.tools import CALL_CLOSE, CALL_OPEN, Function, ToolUse
+    from specdec.server.tools import Function, ToolUse, tags_are_tokens
 
     question = [{"role": "user", "content": "What's the weather like in Paris, in celsius?"}]
     prompt_ids = chat_ids(target.tokenizer, question, TOOLS)
-    tags = all(
-        is_special_token(target.tokenizer, target.vocab_size, target.eos_token_ids, tag)
-        for tag in (CALL_OPEN, CALL_CLOSE)
-    )
+    tags = tags_are_tokens(target.tokenizer, target.vocab_size, target.eos_token_ids)
     functions = tuple(Function(t["function"]["name"], t["function"]["parameters"]) for t in TOOLS)
     runs = {}
     for choice, use in {

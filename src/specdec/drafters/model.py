@@ -118,7 +118,8 @@ class ModelDrafter(StepwiseDrafter):
             seen = context if cut is None else self._window(context, cut)
             return len(seen) - max(common_prefix_length(ids, seen) for ids in held)
 
-        cut = min([len(context) - tail, *self._held_cuts(context, held)], key=rows)
+        cuts = dict.fromkeys([len(context) - tail, *self._held_cuts(context, held)])
+        cut = min(cuts, key=rows)  # the first of the fewest: the tail's cut on a tie
         if rows(cut) < rows(None):
             self._skip = (cut, list(context[:cut]))
 

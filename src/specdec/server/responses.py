@@ -9,7 +9,7 @@ from typing import Any
 from specdec.detokenizer import token_bytes
 from specdec.engine import Chunk
 from specdec.logprobs import TokenLogprob
-from specdec.server.tools import ToolCall, ToolUse, read_calls
+from specdec.server.tools import ToolCall, ToolUse, reply_of
 
 
 def usage(prompt_tokens: int, chunks: list[Chunk]) -> dict:
@@ -89,21 +89,20 @@ def completion_body(
     """A whole completion (``chat.completion`` or ``text_completion``) with ``usage`` (and
     its speculation) and the ``spec_stats`` extension; ``logprobs`` when asked for. With
     tools (``use``), the calls in the reply are its ``tool_calls`` (the text before them
-    its content; ``tools.read_calls``) and a reply that ended finishes with "tool_calls"."""
+    its content; ``tools.reply_of``) and a reply that ended finishes with "tool_calls"."""
     text = "".join(c.text for c in chunks)
     finish = chunks[-1].finish_reason or "length"
     entries = None if chunks[0].logprobs is None else [e for c in chunks for e in c.logprobs or []]
     if chat:
         logprobs = None if entries is None else chat_logprobs(entries, text_of)
         message: dict[str, Any] = {"role": "assistant", "content": text}
-        reply = read_calls(text, use.names, ended=finish == "stop") if use else None
+        reply, finish = reply_of(text, use, finish)
         if reply is not None:
             message = {
                 "role": "assistant",
                 "content": reply.content,
                 "tool_calls": [call.to_dict() for call in reply.calls],
             }
-            finish = "tool_calls" if finish == "stop" else finish
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
     else:
         logprobs = None if entries is None else completion_logprobs(entries, text_of, 0)

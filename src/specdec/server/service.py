@@ -18,14 +18,14 @@ from fastapi.responses import Response, StreamingResponse
 
 from specdec.config import Constraint, SamplingParams, SpecConfig
 from specdec.engine import Chunk
-from specdec.grammar import Grammar, is_special_token
+from specdec.grammar import Grammar
 from specdec.server import responses
 from specdec.server.errors import ApiError, ClientGone, as_api_error
 from specdec.server.guard import Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import END, Job, QueueFull, Scheduler
 from specdec.server.schemas import ChatCompletionRequest, CompletionBody
-from specdec.server.tools import CALL_CLOSE, CALL_OPEN, HeldText, ToolUse, read_calls
+from specdec.server.tools import HeldText, ToolUse, reply_of, tags_are_tokens
 
 RETRY_AFTER_SECONDS = 1
 
@@ -174,11 +174,8 @@ class Service:
     def tag_tokens(self) -> bool:
         """Whether tool calls' tags are special tokens of the target's tokenizer (the first
         request with required calls builds llguidance's form of it, then it is kept)."""
-        target, tokenizer = self.scheduler.target_model, self.scheduler.tokenizer
-        return all(
-            is_special_token(tokenizer, target.vocab_size, target.eos_token_ids, tag)
-            for tag in (CALL_OPEN, CALL_CLOSE)
-        )
+        target = self.scheduler.target_model
+        return tags_are_tokens(self.scheduler.tokenizer, target.vocab_size, target.eos_token_ids)
 
     def check_constraint(self, constraint: Constraint, param: str) -> None:
         """Compile the request's grammar once before it queues (the tokenizer's grammar form
@@ -260,12 +257,10 @@ class Service:
                 gaps.chunk()  # a chunk's: an error is none (as in the handler above)
             last = chunks[-1]
             finish = last.finish_reason or "length"
-            if use and held:
-                text = "".join(c.text for c in chunks)
-                reply = read_calls(text, use.names, ended=finish == "stop")
+            if held is not None:
+                reply, finish = reply_of("".join(c.text for c in chunks), use, finish)
                 if reply is not None:
                     yield events.calls(reply.calls)
-                    finish = "tool_calls" if finish == "stop" else finish
                 elif held.held:
                     yield events.event(held.held, None)
             extra = {

@@ -27,11 +27,12 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from specdec.config import Constraint
+from specdec.grammar import is_special_token
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -125,6 +126,24 @@ def call_grammar(functions: Sequence[Function], parallel: bool, tag_tokens: bool
         f'call: {open_tag} "\\n" body "\\n" {close_tag}\n'
         f"body: %json {json.dumps(call_schema(functions))}\n",
     )
+
+
+def tags_are_tokens(tokenizer: Any, vocab_size: int, eos_token_ids: Collection[int]) -> bool:
+    """Whether both tags are special tokens of the tokenizer (``call_grammar``'s
+    ``tag_tokens``; the first ask builds llguidance's form of the tokenizer, about a second
+    for Qwen's)."""
+    return all(
+        is_special_token(tokenizer, vocab_size, eos_token_ids, tag)
+        for tag in (CALL_OPEN, CALL_CLOSE)
+    )
+
+
+def reply_of(text: str, use: ToolUse | None, finish: str) -> tuple[Reply | None, str]:
+    """A whole reply's calls (None: it is text) and its finish reason: "tool_calls" where
+    it ended ("stop") with calls; a reply cut at max_tokens keeps "length" and its closed
+    calls (``read_calls``)."""
+    reply = read_calls(text, use.names, ended=finish == "stop") if use is not None else None
+    return reply, "tool_calls" if reply is not None and finish == "stop" else finish
 
 
 def read_calls(text: str, names: Sequence[str], ended: bool = True) -> Reply | None:
