@@ -64,14 +64,24 @@ class Running:
 
 
 def alone(
-    models, prompt: str, max_tokens: int, k, seed=None, temperature=0.0, stop=(), logprobs=None
+    models,
+    prompt: str,
+    max_tokens: int,
+    k,
+    seed=None,
+    temperature=0.0,
+    stop=(),
+    logprobs=None,
+    **fields,
 ):
-    """What the engine gives for this request by itself."""
+    """What the engine gives for this request by itself (``fields``: more of its
+    ``SamplingParams``)."""
     target, draft, tokenizer = models
     engine = Engine(backend(target, tokenizer), ModelDrafter(backend(draft)))
     params = SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, seed=seed, stop=stop, logprobs=logprobs
-    )
+        max_tokens=max_tokens, temperature=temperature, seed=seed, stop=stop, logprobs=logprobs,
+        **fields,
+    )  # fmt: skip
     return engine.generate(tokenizer.encode(prompt), params, SpecConfig(k=k))
 
 

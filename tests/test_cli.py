@@ -543,6 +543,28 @@ def test_generate_logprobs_in_json_identical_to_plain_on_int8(model_dirs, capsys
     assert "--logprobs is printed with --json" in capsys.readouterr().err
 
 
+def test_generate_with_penalties_and_a_bias_is_plain_decodings_text(model_dirs, capsys):
+    """--presence-penalty, --frequency-penalty, --repetition-penalty and --logit-bias change
+    the text (a -100 bias bans its token), speculation keeps plain decoding's; a bias that is
+    not ID=BIAS and a penalty out of range are usage errors."""
+    target, draft = model_dirs
+    args = ["generate", "hello", "--target", str(target), "--draft", str(draft), "-k", "3"]
+    args += ["--temperature", "0", "--max-tokens", "24", "--dtype", "int8", "--json"]
+    assert main(args) == 0
+    before = json.loads(capsys.readouterr().out)["token_ids"]
+    banned = before[0]
+    changed = ["--presence-penalty", "0.5", "--frequency-penalty", "0.5"]
+    changed += ["--repetition-penalty", "1.2", "--logit-bias", f"{banned}=-100"]
+    assert main([*args, *changed, "--compare"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["compare"]["identical"] is True and result["stats"]["drafted_tokens"] > 0
+    assert banned not in result["token_ids"] and result["token_ids"] != before
+    assert main([*args, "--logit-bias", "7:-100"]) == 2
+    assert "--logit-bias takes ID=BIAS" in capsys.readouterr().err
+    assert main([*args, "--presence-penalty", "3"]) == 2
+    assert "presence_penalty must be a number in [-2, 2]" in capsys.readouterr().err
+
+
 def test_generate_follows_a_regex_and_names_a_missing_schema_file(model_dirs, capsys, tmp_path):
     target, draft = model_dirs
     args = ["generate", "hello", "--target", str(target), "--draft", str(draft), "-k", "3"]

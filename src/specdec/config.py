@@ -7,7 +7,9 @@ server can show the message as is.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 # Rows one batched target pass may score, split evenly among the active requests (with 4
 # requests, k up to 7 each). Measured on the int8 1.5B (AMD EPYC, 2 threads): 4 sequences x 5
@@ -61,6 +63,13 @@ class SamplingParams:
     the ``n`` most likely tokens at its position (``logprobs.py`` says which distribution).
     ``constraint``: the output follows the target's distribution restricted to what the
     grammar allows (``grammar.py``); it ends when the grammar is complete.
+
+    ``logit_bias`` (token id -> a bias in [-100, 100], added to its logit; a mapping, kept as
+    sorted pairs), ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]: a
+    token's logit lowered by the penalty once it is in the output, or by the penalty times
+    its count there) and ``repetition_penalty`` (> 0, 1 off: the logit of a token of the
+    prompt or the output divided by it where positive, multiplied where not) change the
+    target's distribution; the output follows the changed one (``adjustments.py``).
     """
 
     max_tokens: int = 64
@@ -72,6 +81,10 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     constraint: Constraint | None = None
+    logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -119,10 +132,46 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _number(value) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be a number in [-2, 2] (0 is off), got {value!r}")
+        if not _number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            value = self.repetition_penalty
+            raise ValueError(f"repetition_penalty must be a number > 0 (1 is off), got {value!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def token_bias(self) -> dict[int, float]:
+        """``logit_bias`` as a mapping of token id to bias."""
+        return dict(cast(tuple[tuple[int, float], ...], self.logit_bias))
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _bias_pairs(bias: object) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as (token id, bias) pairs sorted by id (hashable, one per token)."""
+    pairs: Any = bias.items() if isinstance(bias, Mapping) else bias
+    try:
+        out = {token: value for token, value in pairs}
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"logit_bias must map token ids to biases (e.g. {{198: -100}}), got {bias!r}"
+        ) from None
+    for token, value in out.items():
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+        if not _number(value) or not -100.0 <= value <= 100.0:
+            raise ValueError(
+                f"logit_bias values must be numbers in [-100, 100], got {value!r} for {token}"
+            )
+    return tuple(sorted((token, float(value)) for token, value in out.items()))
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,14 @@ last, whose logits the next round needs anyway.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from specdec.adjustments import DraftRows, adjusted, adjusts, row_paths
 from specdec.backends.base import Backend, held_prefix, sync_cache, sync_cache_scoring_last
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
@@ -127,7 +129,16 @@ class Engine:
         params = params or SamplingParams()
         spec = spec or SpecConfig()
         prompt = self._check_prompt(prompt_ids)
+        self._check_bias(params)
         return Run(self, prompt, params, spec, Detokenizer(self.target.tokenizer, params.stop))
+
+    def _check_bias(self, params: SamplingParams) -> None:
+        bad = [t for t in params.token_bias if t >= self.target.vocab_size]
+        if bad:
+            raise ValueError(
+                f"logit_bias names ids outside the vocabulary [0, {self.target.vocab_size}): "
+                f"{bad[:5]}"
+            )
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
         prompt = [int(t) for t in prompt_ids]
@@ -159,6 +170,9 @@ class Run:
     # A request's grammar masks the rows its drafter draws from as well as the target's (the
     # statistical tests turn this off to send forbidden drafts through verification).
     mask_drafts = True
+    # Its logit bias and penalties change the drafter's rows as the target's (for acceptance
+    # alone: ``adjustments.DraftRows``; the statistical tests turn it off to check both).
+    adjust_drafts = True
 
     def __init__(
         self,
@@ -198,6 +212,11 @@ class Run:
         self.detokenizer = detokenizer
         self.context = list(prompt)
         self.generated: list[int] = []
+        # What the request's logit_bias and penalties read (``adjustments``): the output's
+        # token counts, and the tokens of the prompt and output.
+        self.adjusts = adjusts(params)
+        self.counts: Counter[int] = Counter()
+        self.seen = set(prompt) if params.repetition_penalty != 1.0 else set()
         self.stats = SpecStats(prompt_tokens=len(prompt))
         self.started = 0.0  # set by the first prefill_part() (start() is one)
         self.prefilled = False  # set by prefill_part()
@@ -395,16 +414,24 @@ class Run:
         if k <= 0:
             return Proposal(list(given), drafter=FORCED if given else "", given=len(given))
         context = [*self.context, *given] if given else self.context
-        if self.grammar is None or not self.mask_drafts:
-            proposal = yield from self.speculation.drafting(context, k, self.sampler, tree)
-        else:  # drafts drawn from rows the grammar masks, its state rolled back after
-            mask = self.sampler.draft_mask = self.grammar.drafts(len(self.context))
-            try:
-                mask.follow(given)
-                proposal = yield from self.speculation.drafting(context, k, self.sampler)
-            finally:
-                mask.end()
-                self.sampler.draft_mask = None
+        if self.adjusts and self.adjust_drafts:  # the draft's rows changed as the target's
+            self.sampler.draft_rows = DraftRows(
+                self.params, self.counts, self.seen, len(self.context),
+                self.target.vocab_size, given,
+            )  # fmt: skip
+        try:
+            if self.grammar is None or not self.mask_drafts:
+                proposal = yield from self.speculation.drafting(context, k, self.sampler, tree)
+            else:  # drafts drawn from rows the grammar masks, its state rolled back after
+                mask = self.sampler.draft_mask = self.grammar.drafts(len(self.context))
+                try:
+                    mask.follow(given)
+                    proposal = yield from self.speculation.drafting(context, k, self.sampler)
+                finally:
+                    mask.end()
+                    self.sampler.draft_mask = None
+        finally:
+            self.sampler.draft_rows = None
         assert chain_length(proposal.parents, len(proposal.token_ids)) <= k, (
             "drafter proposed more than k tokens"
         )
@@ -427,6 +454,9 @@ class Run:
 
     def _verify(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
         token_ids, draft_probs = proposal.token_ids, proposal.draft_probs
+        if self.adjusts:  # the distribution plain decoding samples with them, row by row
+            paths = row_paths(token_ids, proposal.parents)
+            logits = adjusted(logits, self.params, self.counts, self.seen, paths)
         if proposal.parents is not None:
             return self._verify_tree(proposal, logits)
         if self.grammar is not None:  # rows masked; drafts after a forbidden one dropped
@@ -479,6 +509,10 @@ class Run:
             del self.generated[keep:]
             finish_reason = "stop"
         self.context.extend(emitted)
+        if self.adjusts:
+            self.counts.update(emitted)
+            if self.params.repetition_penalty != 1.0:
+                self.seen.update(emitted)
         if finish_reason is None and self._out_of_room():
             finish_reason = "length"
         if finish_reason is not None and not stopped:

@@ -220,6 +220,9 @@ class Sampler:
         # A request's grammar while its drafter drafts (``grammar.DraftMask``): the rows
         # ``pick`` draws drafts from are masked by it.
         self.draft_mask: DraftMask | None = None
+        # A request's logit bias and penalties while its drafter drafts
+        # (``adjustments.DraftRows``): the rows ``pick`` draws drafts from are changed alike.
+        self.draft_rows: DraftRows | None = None
         self.generator = generator if generator is not None else make_generator(params.seed)
         self.coupled = coupled and not params.greedy
         # A coupled request without a seed still needs one key for all its positions.
@@ -264,8 +267,11 @@ class Sampler:
         came from (None when greedy, where the choice is a point mass on the argmax).
         logits  # [vocab]. Coupled sampling needs the position. With a ``draft_mask``, the
         row is restricted to what it allows there (unless that leaves no finite logit), and
-        the distribution returned is the restricted one the token was drawn from."""
+        the distribution returned is the restricted one the token was drawn from; with
+        ``draft_rows``, the row is first changed by the request's bias and penalties."""
         mask = None
+        if self.draft_rows is not None and position is not None:
+            logits = self.draft_rows.row(position, logits)
         if self.draft_mask is not None and position is not None:
             mask = self.draft_mask.allowed(position)
         if mask is not None:
@@ -274,6 +280,8 @@ class Sampler:
         token_id, probs = self._pick(logits, position)
         if self.draft_mask is not None and position is not None:
             self.draft_mask.picked(position, token_id)
+        if self.draft_rows is not None and position is not None:
+            self.draft_rows.picked(position, token_id)
         return token_id, probs
 
     def _pick(self, logits: torch.Tensor, position: int | None) -> tuple[int, torch.Tensor | None]:
@@ -299,6 +307,19 @@ class DraftMask(Protocol):
 
     def forced(self, position: int) -> list[int]:
         """The tokens it allows alone from ``position`` on (a drafter's free guesses)."""
+        ...
+
+
+class DraftRows(Protocol):
+    """A request's changes to its logits (bias, penalties) on the rows its drafter draws
+    from (``adjustments.DraftRows``)."""
+
+    def row(self, position: int, logits: torch.Tensor) -> torch.Tensor:
+        """The row  # [vocab] at sequence ``position``, changed."""
+        ...
+
+    def picked(self, position: int, token_id: int) -> None:
+        """The draft drawn at ``position``: the next rows follow it."""
         ...
 
 

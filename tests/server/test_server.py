@@ -130,6 +130,33 @@ def test_chat_logprobs_streamed_and_not(client, models):
         ]
 
 
+def test_penalties_and_bias_equal_the_engine_alone(client, models):
+    """OpenAI's presence_penalty, frequency_penalty and logit_bias and the repetition_penalty
+    extension: the text is the engine's with them, greedy and seeded, streamed or not, with
+    speculation and without; a -100 bias bans its token."""
+    banned = models[2].convert_tokens_to_ids("l")
+    fields = dict(presence_penalty=0.6, frequency_penalty=0.4, repetition_penalty=1.3)
+    body = dict(model=MODEL, prompt="seeded", max_tokens=24, logit_bias={str(banned): -100})
+    extra = {"repetition_penalty": fields.pop("repetition_penalty")}
+    for seed, temperature in ((None, 0.0), (5, 0.9)):
+        expected = alone(
+            models, "seeded", 24, k=3, seed=seed, temperature=temperature,
+            logit_bias={banned: -100}, repetition_penalty=1.3, **fields,
+        )  # fmt: skip
+        assert "l" not in expected.text
+        kwargs = dict(body, seed=seed, temperature=temperature, **fields)
+        whole = client.completions.create(**kwargs, extra_body=extra)
+        assert whole.choices[0].text == expected.text
+        streamed = client.completions.create(**kwargs, extra_body=extra, stream=True)
+        assert "".join(part.choices[0].text for part in streamed) == expected.text
+        plain = client.completions.create(
+            **kwargs, extra_body={**extra, "num_speculative_tokens": 0}
+        )
+        assert plain.choices[0].text == expected.text
+        if seed is None:
+            assert expected.text != alone(models, "seeded", 24, k=3).text, "no change tested"
+
+
 def test_guided_regex_equals_the_engine_alone_and_forces_drafts(client, models):
     """A regular expression (vLLM's guided_regex): the text matches it, is what the engine
     gives alone, streamed or not; the forced characters are free drafts."""

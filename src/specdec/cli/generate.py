@@ -140,6 +140,33 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument(
+        "--presence-penalty",
+        type=float,
+        default=0.0,
+        help="lower a token's logit by this once it is in the output (-2 to 2; 0 = off)",
+    )
+    p.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        help="lower a token's logit by this times its count in the output (-2 to 2; 0 = off)",
+    )
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="divide the positive logits of tokens in the prompt or output by this, multiply "
+        "the negative ones (> 0; 1 = off)",
+    )
+    p.add_argument(
+        "--logit-bias",
+        action="append",
+        default=[],
+        metavar="ID=BIAS",
+        help="add BIAS (-100 to 100) to token ID's logit; -100 bans it (repeatable). The "
+        "output follows the target's distribution so changed, with speculation or without",
+    )
+    p.add_argument(
         "--max-tokens", type=int, default=128, help="most tokens to generate (default: 128)"
     )
     p.add_argument(
@@ -278,6 +305,10 @@ def run(args: argparse.Namespace) -> int:
         stop=tuple(args.stop),
         logprobs=args.logprobs,
         constraint=constraint_of(args),
+        logit_bias=bias_of(args.logit_bias),
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty,
     )
     if args.logprobs is not None and not args.json:
         raise UsageError("--logprobs is printed with --json: add --json")
@@ -318,6 +349,18 @@ def run(args: argparse.Namespace) -> int:
                 cli_output.compare_plain(engine, prompt_ids, params, spec, out, compare_runs)
             )
     return 0
+
+
+def bias_of(given: list[str]) -> dict[int, float]:
+    """--logit-bias ID=BIAS, each given once."""
+    bias: dict[int, float] = {}
+    for item in given:
+        token, _, value = item.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise UsageError(f"--logit-bias takes ID=BIAS (e.g. 198=-100), got {item!r}") from None
+    return bias
 
 
 def constraint_of(args: argparse.Namespace) -> Constraint | None:

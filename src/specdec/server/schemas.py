@@ -2,7 +2,7 @@
 
 Strict: numbers must be JSON numbers (``true`` or ``"3"`` is refused, not coerced), fields
 this server does not implement are refused by name, and OpenAI fields with a neutral value
-(``presence_penalty: 0``, ``echo: false``, ...) are accepted only with that value.
+(``echo: false``, ``best_of: 1``, ...) are accepted only with that value.
 """
 
 from __future__ import annotations
@@ -64,10 +64,14 @@ class _Common(_Strict):
     stream: bool = False
     stream_options: dict[str, bool] | None = None  # usage is always in the last chunk
     user: str | None = None
-    # Accepted only at their neutral values: this server does not implement them.
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(
+        default=None, description="token id (as a string) -> bias in [-100, 100]"
+    )
+    repetition_penalty: float = Field(
+        default=1.0, gt=0.0, description="extension (vLLM's): 1 is off; > 1 penalises repeats"
+    )
     # Extensions for speculation (vLLM calls the first one num_speculative_tokens too).
     num_speculative_tokens: int | Literal["auto"] | None = None
     drafter: str | None = None
@@ -85,19 +89,19 @@ class _Common(_Strict):
             raise ValueError("only n=1 is supported")
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float) -> float:
-        if value != 0:
-            raise ValueError("penalties are not supported (they change the target's distribution)")
-        return value
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, value):
-        if value:
-            raise ValueError("logit_bias is not supported")
+    def _token_ids(cls, value):
+        for key, bias in (value or {}).items():
+            if not key.isdecimal():
+                raise ValueError(f"logit_bias keys are token ids written as strings, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for {key}")
         return value
+
+    def bias(self) -> dict[int, float]:
+        """``SamplingParams.logit_bias``: the token ids as integers."""
+        return {int(key): bias for key, bias in (self.logit_bias or {}).items()}
 
     @field_validator("num_speculative_tokens")
     @classmethod

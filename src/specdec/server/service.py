@@ -86,7 +86,7 @@ class Service:
         except ValueError as error:
             raise ApiError(400, str(error), grammar_param(use)) from None
         try:
-            return SamplingParams(
+            params = SamplingParams(
                 max_tokens=body.token_budget(self.default_max_tokens),
                 temperature=body.temperature,
                 top_k=body.top_k,
@@ -95,9 +95,21 @@ class Service:
                 stop=body.stop_strings(),
                 logprobs=body.logprobs_wanted(),
                 constraint=constraint,
+                logit_bias=body.bias(),
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
+                repetition_penalty=body.repetition_penalty,
             )
         except ValueError as error:  # SamplingParams' messages start with the field's name
             raise ApiError(400, str(error), str(error).split()[0]) from None
+        vocab = self.scheduler.target_model.vocab_size
+        outside = [token for token in params.token_bias if token >= vocab]
+        if outside:
+            message = (
+                f"logit_bias names token ids outside the vocabulary [0, {vocab}): {outside[:5]}"
+            )
+            raise ApiError(400, message, "logit_bias")
+        return params
 
     def spec(self, body: CompletionBody) -> SpecConfig:
         k = body.num_speculative_tokens
