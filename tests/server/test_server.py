@@ -157,6 +157,44 @@ def test_penalties_and_bias_equal_the_engine_alone(client, models):
             assert expected.text != alone(models, "seeded", 24, k=3).text, "no change tested"
 
 
+def test_n_choices_are_the_request_with_seed_plus_i_streamed_or_not(client, models):
+    """n > 1: choice i of a seeded request is the request alone with seed + i; the stream
+    sends every choice's text, logprobs and finish under its index, the usage (summed over
+    the choices) once, on the last event."""
+    kwargs = dict(model=MODEL, prompt="seeded", max_tokens=16, temperature=0.9, seed=11)
+    whole = client.completions.create(**kwargs, n=3, logprobs=1)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    expected = [alone(models, "seeded", 16, k=3, seed=11 + i, temperature=0.9) for i in range(3)]
+    assert [c.text for c in whole.choices] == [e.text for e in expected]
+    assert len({c.text for c in whole.choices}) > 1, "choices drawn with distinct seeds"
+    assert whole.usage.completion_tokens == sum(len(e.token_ids) for e in expected)
+    events = list(client.completions.create(**kwargs, n=3, logprobs=1, stream=True))
+    for i, choice in enumerate(whole.choices):
+        mine = [e.choices[0] for e in events if e.choices and e.choices[0].index == i]
+        assert "".join(c.text for c in mine) == choice.text
+        assert [c.finish_reason for c in mine if c.finish_reason] == [choice.finish_reason]
+        streamed = [lp for c in mine if c.logprobs for lp in c.logprobs.token_logprobs]
+        offsets = [o for c in mine if c.logprobs for o in c.logprobs.text_offset]
+        assert streamed == choice.logprobs.token_logprobs
+        assert offsets == choice.logprobs.text_offset
+    with_usage = [e for e in events if e.usage is not None]
+    assert len(with_usage) == 1 and with_usage[0] is events[-1]
+    assert events[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_n_chat_choices_greedy_are_all_the_one_answer(client, models):
+    messages = [{"role": "user", "content": "say hi"}]
+    kwargs = dict(model=MODEL, messages=messages, max_tokens=12, temperature=0, n=2)
+    whole = client.chat.completions.create(**kwargs)
+    one = client.chat.completions.create(**{**kwargs, "n": 1})
+    assert [c.message.content for c in whole.choices] == [one.choices[0].message.content] * 2
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    for i in range(2):
+        deltas = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == i]
+        assert deltas[0].delta.role == "assistant"
+        assert "".join(d.delta.content or "" for d in deltas) == one.choices[0].message.content
+
+
 def test_guided_regex_equals_the_engine_alone_and_forces_drafts(client, models):
     """A regular expression (vLLM's guided_regex): the text matches it, is what the engine
     gives alone, streamed or not; the forced characters are free drafts."""
@@ -255,7 +293,9 @@ def test_the_gaps_between_a_requests_chunks_are_counted(client, server):
         ({"prompt": "hi", "max_tokens": -1}, "max_tokens"),
         ({"prompt": "hi", "temperature": 3.5}, "temperature"),
         ({"prompt": "hi", "top_p": 0}, "top_p"),
-        ({"prompt": "hi", "n": 2}, "n"),
+        ({"prompt": "hi", "n": 0}, "n"),
+        ({"prompt": "hi", "n": 129}, "n"),
+        ({"prompt": "hi", "n": 37}, "n"),  # more than the 4 + 32 requests it holds at once
         ({"prompt": ""}, "prompt"),
         ({"prompt": "a" * 400, "max_tokens": 4}, "prompt"),
         ({"prompt": "hi", "drafter": "oracle"}, "drafter"),

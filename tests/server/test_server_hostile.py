@@ -118,13 +118,17 @@ def slow_model():
     return tiny_llama(seed=0, layers=6, max_positions=4096, eos=None), tokenizer
 
 
-def test_an_abandoned_non_streaming_request_frees_its_slot(slow_model):
-    """The slot must be free well before the 3,000 tokens could be done."""
+@pytest.mark.parametrize(
+    ("n", "stream"), [(1, False), (3, False), (3, True)], ids=["one", "three", "three streamed"]
+)
+def test_an_abandoned_request_frees_its_slots(slow_model, n, stream):
+    """The slots (one a choice) must be free well before the 3,000 tokens could be done."""
     model, tokenizer = slow_model
-    running = Running(model, None, tokenizer, max_active=1, max_queue=0)
+    running = Running(model, None, tokenizer, max_active=1, max_queue=n - 1)
     try:
         body = json.dumps(
             {"prompt": "long", "max_tokens": 3000, "drafter": "none", "temperature": 0.9, "seed": 1}
+            | {"n": n, "stream": stream}
         )
         sock = socket.create_connection(("127.0.0.1", running.port))
         request = (
@@ -364,3 +368,27 @@ def test_a_json_schema_is_read_and_one_this_vocabulary_cannot_spell_is_a_400(ser
         assert "the grammar cannot go on" in payload["error"]["message"]
     status, _ = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
     assert status == 200
+
+
+def test_choices_that_do_not_all_fit_are_503_and_none_is_kept(slow_model):
+    """n = 2 with one place left: a 503, and the choice that found a place gives it back;
+    n above what the server holds at all is a 400 naming n."""
+    model, tokenizer = slow_model
+    running = Running(model, None, tokenizer, max_active=1, max_queue=1)
+    try:
+        long = {"prompt": "long", "max_tokens": 3000, "drafter": "none"}
+        threading.Thread(target=post, args=(running, "/v1/completions", long), daemon=True).start()
+        deadline = time.time() + 10
+        while not running.scheduler._active and time.time() < deadline:
+            time.sleep(0.005)
+        status, payload = post(
+            running, "/v1/completions", {"prompt": "x", "n": 2, "drafter": "none"}
+        )
+        assert status == 503 and payload["error"]["code"] == "queue_full", payload
+        assert running.scheduler._admitted == 1
+        status, payload = post(
+            running, "/v1/completions", {"prompt": "x", "n": 3, "drafter": "none"}
+        )
+        assert status == 400 and payload["error"]["param"] == "n", payload
+    finally:
+        running.close()

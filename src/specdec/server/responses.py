@@ -9,16 +9,17 @@ from typing import Any
 from specdec.detokenizer import token_bytes
 from specdec.engine import Chunk
 from specdec.logprobs import TokenLogprob
+from specdec.metrics import SpecStats
 from specdec.server.tools import ToolCall, ToolUse, reply_of
 
 
-def usage(prompt_tokens: int, chunks: list[Chunk]) -> dict:
-    """OpenAI's token counts, and the request's speculation (an extension, as vLLM and
-    SGLang report it per request): drafted and accepted tokens, acceptance rate, mean
-    accepted length (tokens a round, the target's own included; ``metrics.py`` defines
-    them)."""
-    completion = sum(len(c.token_ids) for c in chunks)
-    stats = chunks[-1].stats
+def usage(prompt_tokens: int, choices: list[list[Chunk]]) -> dict:
+    """OpenAI's token counts (the completion's summed over its choices), and the request's
+    speculation (an extension, as vLLM and SGLang report it per request): drafted and
+    accepted tokens, acceptance rate, mean accepted length (tokens a round, the target's own
+    included; ``metrics.py`` defines them), over all its choices."""
+    completion = sum(len(c.token_ids) for chunks in choices for c in chunks)
+    stats = merged_stats(choices)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
@@ -30,6 +31,18 @@ def usage(prompt_tokens: int, chunks: list[Chunk]) -> dict:
             "mean_accepted_length": stats.mean_accepted_length,
         },
     }
+
+
+def merged_stats(choices: list[list[Chunk]]) -> SpecStats:
+    """The request's stats: its one choice's, or every counter summed over its choices."""
+    if len(choices) == 1:
+        return choices[0][-1].stats
+    return SpecStats.merged([chunks[-1].stats for chunks in choices])
+
+
+def spec_stats(choices: list[list[Chunk]]) -> dict:
+    """The ``spec_stats`` extension: ``SpecStats.to_dict`` of ``merged_stats``."""
+    return merged_stats(choices).to_dict()
 
 
 class TokenText:
@@ -77,7 +90,7 @@ def completion_logprobs(entries: list[TokenLogprob], text_of: TokenText, offset:
 
 
 def completion_body(
-    chunks: list[Chunk],
+    choices: list[list[Chunk]],
     prompt_tokens: int,
     response_id: str,
     model_name: str,
@@ -86,10 +99,28 @@ def completion_body(
     text_of: TokenText,
     use: ToolUse | None = None,
 ) -> dict:
-    """A whole completion (``chat.completion`` or ``text_completion``) with ``usage`` (and
-    its speculation) and the ``spec_stats`` extension; ``logprobs`` when asked for. With
-    tools (``use``), the calls in the reply are its ``tool_calls`` (the text before them
-    its content; ``tools.reply_of``) and a reply that ended finishes with "tool_calls"."""
+    """A whole completion (``chat.completion`` or ``text_completion``), one choice per
+    chunk list, with ``usage`` (and its speculation) and the ``spec_stats`` extension;
+    ``logprobs`` when asked for. With tools (``use``), the calls in a reply are its
+    ``tool_calls`` (the text before them its content; ``tools.reply_of``) and a reply that
+    ended finishes with "tool_calls"."""
+    return {
+        "id": response_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [
+            _choice(index, chunks, chat, text_of, use) for index, chunks in enumerate(choices)
+        ],
+        "usage": usage(prompt_tokens, choices),
+        "spec_stats": spec_stats(choices),
+        "system_fingerprint": replica,
+    }
+
+
+def _choice(
+    index: int, chunks: list[Chunk], chat: bool, text_of: TokenText, use: ToolUse | None
+) -> dict:
     text = "".join(c.text for c in chunks)
     finish = chunks[-1].finish_reason or "length"
     entries = None if chunks[0].logprobs is None else [e for c in chunks for e in c.logprobs or []]
@@ -103,20 +134,9 @@ def completion_body(
                 "content": reply.content,
                 "tool_calls": [call.to_dict() for call in reply.calls],
             }
-        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
-    else:
-        logprobs = None if entries is None else completion_logprobs(entries, text_of, 0)
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
-    return {
-        "id": response_id,
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "choices": [choice],
-        "usage": usage(prompt_tokens, chunks),
-        "spec_stats": chunks[-1].stats.to_dict(),
-        "system_fingerprint": replica,
-    }
+        return {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
+    logprobs = None if entries is None else completion_logprobs(entries, text_of, 0)
+    return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
 
 
 class StreamEvents:
@@ -133,7 +153,8 @@ class StreamEvents:
         self.response_id, self.model_name, self.chat = response_id, model_name, chat
         self.replica, self.created = replica, int(time.time())
         self.text_of = text_of
-        self.offset = 0  # of the next token's text in the completion (completions' logprobs)
+        # of each choice's next token's text in its completion (completions' logprobs)
+        self.offsets: dict[int, int] = {}
 
     def event(
         self,
@@ -142,27 +163,30 @@ class StreamEvents:
         first_delta: bool = False,
         extra: dict | None = None,
         entries: list[TokenLogprob] | None = None,
+        index: int = 0,
     ) -> str:
-        """One ``data:`` event: a delta of ``text`` (a chat stream's first one also says the
-        role), the ``logprobs`` of its tokens (``entries``), ``finish`` on the last, with
-        ``extra`` fields (usage, spec_stats)."""
+        """One ``data:`` event of choice ``index``: a delta of ``text`` (a chat stream's
+        first one also says the role), the ``logprobs`` of its tokens (``entries``),
+        ``finish`` on its last, with ``extra`` fields (usage, spec_stats)."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if first_delta else {}
             delta |= {"content": text} if text else {}
             logprobs = None if entries is None else chat_logprobs(entries, self.text_of)
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+            choice = {"index": index, "delta": delta, "finish_reason": finish}
         else:
             logprobs = None
             if entries is not None:
-                logprobs = completion_logprobs(entries, self.text_of, self.offset)
-                self.offset += sum(len(token) for token in logprobs["tokens"])
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
-        return self._data(choice, extra)
+                offset = self.offsets.get(index, 0)
+                logprobs = completion_logprobs(entries, self.text_of, offset)
+                self.offsets[index] = offset + sum(len(token) for token in logprobs["tokens"])
+            choice = {"index": index, "text": text or "", "finish_reason": finish}
+        return self._data(choice | {"logprobs": logprobs}, extra)
 
-    def calls(self, calls: tuple[ToolCall, ...]) -> str:
-        """A chat stream's delta of whole tool calls (OpenAI's shape, each with its index)."""
+    def calls(self, calls: tuple[ToolCall, ...], index: int = 0) -> str:
+        """A chat stream's delta of choice ``index``'s whole tool calls (OpenAI's shape,
+        each with its index)."""
         deltas = [{"index": i} | call.to_dict() for i, call in enumerate(calls)]
-        return self._data({"index": 0, "delta": {"tool_calls": deltas}, "finish_reason": None})
+        return self._data({"index": index, "delta": {"tool_calls": deltas}, "finish_reason": None})
 
     def _data(self, choice: dict, extra: dict | None = None) -> str:
         payload = {

@@ -2,7 +2,7 @@
 
 Strict: numbers must be JSON numbers (``true`` or ``"3"`` is refused, not coerced), fields
 this server does not implement are refused by name, and OpenAI fields with a neutral value
-(``echo: false``, ``best_of: 1``, ...) are accepted only with that value.
+(``echo: false``, ``best_of: 1``) are accepted only with that value.
 """
 
 from __future__ import annotations
@@ -60,7 +60,13 @@ class _Common(_Strict):
     top_k: int = Field(default=0, ge=0, description="extension: keep the k most likely tokens")
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     stop: str | list[str] | None = None
-    n: int = 1
+    n: int = Field(
+        default=1,
+        ge=1,
+        le=128,
+        description="choices to generate; choice i of a seeded request is the request with "
+        "seed + i",
+    )
     stream: bool = False
     stream_options: dict[str, bool] | None = None  # usage is always in the last chunk
     user: str | None = None
@@ -81,13 +87,6 @@ class _Common(_Strict):
     response_format: ResponseFormat | None = None
     guided_regex: str | None = None
     guided_grammar: str | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("only n=1 is supported")
-        return value
 
     @field_validator("logit_bias")
     @classmethod

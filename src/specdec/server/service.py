@@ -8,15 +8,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 
-from specdec.config import Constraint, SamplingParams, SpecConfig
+from specdec.config import SEED_RANGE, Constraint, SamplingParams, SpecConfig
 from specdec.engine import Chunk
 from specdec.grammar import Grammar
 from specdec.server import responses
@@ -28,6 +29,7 @@ from specdec.server.schemas import ChatCompletionRequest, CompletionBody
 from specdec.server.tools import HeldText, ToolUse, reply_of, tags_are_tokens
 
 RETRY_AFTER_SECONDS = 1
+T = TypeVar("T")
 
 CLIENT_CHECK_SECONDS = 0.2  # how often a waiting handler looks whether its client is there
 
@@ -129,25 +131,21 @@ class Service:
             raise ApiError(400, str(error), "prompt") from None
         self.check_length(prompt_ids)
         loop = asyncio.get_running_loop()
-        job = Job(prompt_ids, params, spec, body.drafter or self.default_drafter, loop)
+        drafter = body.drafter or self.default_drafter
+        jobs = [
+            Job(prompt_ids, replace(params, seed=choice_seed(params.seed, i)), spec, drafter, loop)
+            for i in range(body.n)
+        ]
+        self.submit(jobs)
         try:
-            self.scheduler.submit(job)
-        except QueueFull as error:
-            raise ApiError(
-                503,
-                f"server busy: {error}",
-                None,
-                "queue_full",
-                "server_error",
-                {"Retry-After": str(RETRY_AFTER_SECONDS)},
-            ) from None
-        try:
-            first = await self.next(job, request)
+            firsts = await self.each(jobs, [self.next(job, request) for job in jobs])
         except ClientGone:
-            return self.gone(job, [])
-        if isinstance(first, Exception):
-            raise as_api_error(first)
-        ttft = time.perf_counter() - job.submitted
+            return self.gone(jobs, [[] for _ in jobs])
+        failed = [first for first in firsts if isinstance(first, Exception)]
+        if failed:
+            self.cancel(jobs)
+            raise as_api_error(failed[0])
+        ttft = time.perf_counter() - jobs[0].submitted
         chat = isinstance(body, ChatCompletionRequest)
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         if body.stream:
@@ -155,25 +153,23 @@ class Service:
                 response_id, self.model_name, chat, self.replica, self.text_of
             )
             return StreamingResponse(
-                self.stream(job, first, ttft, events, use), media_type="text/event-stream"
+                self.stream(jobs, firsts, ttft, events, use), media_type="text/event-stream"
             )
-        chunks = [first]
-        gaps = Gaps(self.metrics, since=job.submitted + ttft)
+        choices: list[list[Chunk]] = [[first] for first in firsts]
         try:
-            while chunks[-1].finish_reason is None:
-                item = await self.next(job, request)
-                if item is END:
-                    break
-                if isinstance(item, Exception):
-                    raise as_api_error(item)
-                gaps.chunk()
-                chunks.append(item)
+            await self.each(
+                jobs,
+                [
+                    self.rest(job, chunks, ttft, request)
+                    for job, chunks in zip(jobs, choices, strict=True)
+                ],
+            )
         except ClientGone:
-            return self.gone(job, chunks)
-        self.finish(job, chunks, ttft, "ok")
+            return self.gone(jobs, choices)
+        self.finish(jobs, choices, ttft, "ok")
         return responses.completion_body(
-            chunks,
-            len(job.prompt_ids),
+            choices,
+            len(prompt_ids),
             response_id,
             self.model_name,
             chat,
@@ -181,6 +177,54 @@ class Service:
             self.text_of,
             use,
         )
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Every choice's job into the scheduler, or none (503 when it is full)."""
+        capacity = self.scheduler.max_active + self.scheduler.max_queue
+        if len(jobs) > capacity:
+            message = f"n must be <= {capacity} (the requests this server holds at once)"
+            raise ApiError(400, message, "n")
+        for submitted, job in enumerate(jobs):
+            try:
+                self.scheduler.submit(job)
+            except QueueFull as error:
+                self.cancel(jobs[:submitted])
+                raise ApiError(
+                    503,
+                    f"server busy: {error}",
+                    None,
+                    "queue_full",
+                    "server_error",
+                    {"Retry-After": str(RETRY_AFTER_SECONDS)},
+                ) from None
+
+    def cancel(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.scheduler.cancel(job)
+
+    async def each(self, jobs: list[Job], waits: list[Coroutine[Any, Any, T]]) -> list[T]:
+        """One wait per choice, together; should one fail (its client gone, an error), the
+        others are stopped and every job is cancelled."""
+        tasks = [asyncio.ensure_future(wait) for wait in waits]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            self.cancel(jobs)
+            raise
+
+    async def rest(self, job: Job, chunks: list[Chunk], ttft: float, request: Request) -> None:
+        """A whole choice's chunks after its first, into ``chunks``."""
+        gaps = Gaps(self.metrics, since=job.submitted + ttft)
+        while chunks[-1].finish_reason is None:
+            item = await self.next(job, request)
+            if item is END:
+                break
+            if isinstance(item, Exception):
+                raise as_api_error(item)
+            gaps.chunk()
+            chunks.append(item)
 
     @cached_property
     def tag_tokens(self) -> bool:
@@ -221,71 +265,129 @@ class Service:
             if done:
                 return getter.result()
 
-    def gone(self, job: Job, chunks: list[Chunk]) -> Response:
-        self.finish(job, chunks, None, "disconnected")
+    def gone(self, jobs: list[Job], choices: list[list[Chunk]]) -> Response:
+        self.finish(jobs, choices, None, "disconnected")
         return Response(status_code=499)  # nobody reads it: the client has gone
 
-    def finish(self, job: Job, chunks: list[Chunk], ttft: float | None, status: str) -> None:
-        if chunks:
-            self.metrics.record(chunks[-1].stats, time.perf_counter() - job.submitted, ttft)
+    def finish(
+        self, jobs: list[Job], choices: list[list[Chunk]], ttft: float | None, status: str
+    ) -> None:
+        """One request counted; each choice's speculation and latency recorded."""
+        for job, chunks in zip(jobs, choices, strict=True):
+            if chunks:
+                self.metrics.record(chunks[-1].stats, time.perf_counter() - job.submitted, ttft)
         self.metrics.requests.labels(status).inc()
 
     async def stream(
         self,
-        job: Job,
-        first: Chunk,
+        jobs: list[Job],
+        firsts: list[Chunk],
         ttft: float,
         events: responses.StreamEvents,
         use: ToolUse | None = None,
     ) -> AsyncIterator[str]:
-        """The events of a streamed completion. With tools (``use``), text that may be a
-        call is held back (``HeldText``) and read as calls at the end: sent as one
-        ``tool_calls`` delta, or as text if it is not a well-formed call."""
-        chunks: list[Chunk] = []
-        held = HeldText() if use else None
+        """The events of a streamed completion, each choice's as its chunks come (``index``
+        telling them apart); the last event, the last choice's end, carries the usage. With
+        tools (``use``), text that may be a call is held back (``HeldText``) and read as
+        calls at the end of its choice: sent as one ``tool_calls`` delta, or as text if it
+        is not a well-formed call."""
+        choices = [
+            ChoiceStream(HeldText() if use else None, Gaps(self.metrics, job.submitted + ttft))
+            for job in jobs
+        ]
+        getters: dict[asyncio.Future, int] = {}
         status = "disconnected"  # until the stream ends as it should
-        gaps = Gaps(self.metrics, since=job.submitted + ttft)
         try:
             if events.chat:
-                yield events.event(None, None, first_delta=True)
-            item = first
+                for index in range(len(jobs)):
+                    yield events.event(None, None, first_delta=True, index=index)
+            arrived = list(enumerate(firsts))
             while True:
-                chunks.append(item)
-                text = held.feed(item.text) if held else item.text
-                if text or item.logprobs:
-                    yield events.event(text, None, entries=item.logprobs)
-                if item.finish_reason is not None:
+                for index, item in arrived:
+                    choice = choices[index]
+                    if isinstance(item, Exception):
+                        # The status line went out with the first chunk: the error is an
+                        # event of the stream, which then ends as every stream does (vLLM's).
+                        yield responses.error_event(as_api_error(item).body())
+                        yield responses.DONE
+                        status = "error"
+                        return
+                    if item is not END:
+                        if choice.chunks:
+                            choice.gaps.chunk()
+                        choice.chunks.append(item)
+                        text = choice.held.feed(item.text) if choice.held else item.text
+                        if text or item.logprobs:
+                            yield events.event(text, None, entries=item.logprobs, index=index)
+                    if item is END or item.finish_reason is not None:
+                        choice.done = True
+                        last = all(c.done for c in choices)
+                        for event in self.ending(choices, index, events, use, last, jobs):
+                            yield event
+                    else:
+                        getters[asyncio.ensure_future(jobs[index].queue.get())] = index
+                if not getters:
                     break
-                item = await job.queue.get()
-                if item is END:
-                    break
-                if isinstance(item, Exception):
-                    # The status line went out with the first chunk: the error is an event
-                    # of the stream, which then ends as every stream does (vLLM's shape).
-                    yield responses.error_event(as_api_error(item).body())
-                    yield responses.DONE
-                    status = "error"
-                    return
-                gaps.chunk()  # a chunk's: an error is none (as in the handler above)
-            last = chunks[-1]
-            finish = last.finish_reason or "length"
-            if held is not None:
-                reply, finish = reply_of("".join(c.text for c in chunks), use, finish)
-                if reply is not None:
-                    yield events.calls(reply.calls)
-                elif held.held:
-                    yield events.event(held.held, None)
-            extra = {
-                "usage": responses.usage(len(job.prompt_ids), chunks),
-                "spec_stats": last.stats.to_dict(),
-            }
-            yield events.event(None, finish, extra=extra)
+                done, _ = await asyncio.wait(getters, return_when=asyncio.FIRST_COMPLETED)
+                arrived = sorted((getters.pop(future), future.result()) for future in done)
             yield responses.DONE
             status = "ok"
         finally:
+            for future in getters:
+                future.cancel()
             if status == "disconnected":
-                self.scheduler.cancel(job)  # the client went away: free the slot next round
-            self.finish(job, chunks, ttft, status)
+                self.cancel(jobs)  # the client went away: free the slots next round
+            self.finish(jobs, [c.chunks for c in choices], ttft, status)
+
+    def ending(
+        self,
+        choices: list[ChoiceStream],
+        index: int,
+        events: responses.StreamEvents,
+        use: ToolUse | None,
+        last: bool,
+        jobs: list[Job],
+    ) -> list[str]:
+        """The events that end choice ``index``: its tool calls or held text, then its
+        finish reason, with the usage if it is the ``last`` choice to end."""
+        choice = choices[index]
+        out = []
+        finish = choice.chunks[-1].finish_reason or "length"
+        if choice.held is not None:
+            reply, finish = reply_of("".join(c.text for c in choice.chunks), use, finish)
+            if reply is not None:
+                out.append(events.calls(reply.calls, index=index))
+            elif choice.held.held:
+                out.append(events.event(choice.held.held, None, index=index))
+        extra = None
+        if last:
+            chunk_lists = [c.chunks for c in choices]
+            extra = {
+                "usage": responses.usage(len(jobs[0].prompt_ids), chunk_lists),
+                "spec_stats": responses.spec_stats(chunk_lists),
+            }
+        out.append(events.event(None, finish, extra=extra, index=index))
+        return out
+
+
+@dataclass
+class ChoiceStream:
+    """One choice of a streamed completion: its chunks so far, its held text (tools),
+    the gaps between its chunks, whether it has ended."""
+
+    held: HeldText | None
+    gaps: Gaps
+    chunks: list[Chunk] = field(default_factory=list)
+    done: bool = False
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice ``index`` of a request with ``seed`` (``n`` > 1): ``seed + index``,
+    so that each choice is the request with that seed alone (``seed - index`` past the
+    largest seed); None stays None (each choice draws its own)."""
+    if seed is None or index == 0:
+        return seed
+    return seed + index if seed + index <= SEED_RANGE[1] else seed - index
 
 
 def grammar_param(use: ToolUse | None) -> str:
