@@ -25,7 +25,7 @@ import torch
 import specdec.engine
 from helpers import VOCAB, assert_same_distribution, backend
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.adjustments import DraftRows, adjusted, adjusts, row_paths
+from specdec.adjustments import DraftRows, adjusted, adjusts, columns, row_paths
 from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
 from specdec.engine import step_together
@@ -37,15 +37,20 @@ from test_engine_statistical import DRAWS, pair, prompt  # noqa: F401
 ROW = [1.0, 2.0, -1.0, 0.5]
 
 
-def test_a_bias_is_added_to_its_token_alone():
+def changed(logits, params, counts, seen, paths):
+    """``adjusted`` with the output's ``columns``."""
+    return adjusted(logits, params, columns(params, counts, seen), paths)
+
+
+def test_a_bias_is_added_to_its_token_alone_on_every_row():
     params = SamplingParams(logit_bias={0: 1.5, 3: -100})
-    out = adjusted(torch.tensor([ROW]), params, {}, set(), [[]])
-    assert out.tolist() == [[2.5, 2.0, -1.0, -99.5]]
+    out = changed(torch.tensor([ROW, ROW]), params, {1: 1}, {2}, [[], [1]])
+    assert out.tolist() == [[2.5, 2.0, -1.0, -99.5]] * 2
 
 
 def test_repetition_divides_positive_logits_and_multiplies_negative_ones_of_seen_tokens():
     params = SamplingParams(repetition_penalty=2.0)
-    out = adjusted(torch.tensor([ROW]), params, {}, {1, 2}, [[]])
+    out = changed(torch.tensor([ROW]), params, {}, {1, 2}, [[]])
     assert out.tolist() == [[1.0, 1.0, -2.0, 0.5]]
 
 
@@ -53,7 +58,7 @@ def test_frequency_and_presence_count_the_output_and_the_drafts_on_each_row_path
     params = SamplingParams(frequency_penalty=0.25, presence_penalty=0.5)
     logits = torch.tensor([ROW, ROW, ROW])
     # output so far: token 1 twice; row 1 follows draft 3, row 2 drafts 3 and 1
-    out = adjusted(logits, params, {1: 2}, set(), [[], [3], [3, 1]])
+    out = changed(logits, params, {1: 2}, set(), [[], [3], [3, 1]])
     assert out.tolist() == [
         [1.0, 2.0 - 0.5 - 0.5, -1.0, 0.5],
         [1.0, 2.0 - 0.5 - 0.5, -1.0, 0.5 - 0.25 - 0.5],
@@ -66,7 +71,7 @@ def test_everything_at_once_in_vllms_order():
     params = SamplingParams(
         logit_bias={0: 1.5}, presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=2.0
     )
-    out = adjusted(torch.tensor([ROW, ROW]), params, {1: 2}, {1, 2}, [[], [3]])
+    out = changed(torch.tensor([ROW, ROW]), params, {1: 2}, {1, 2}, [[], [3]])
     # token 1: (2 / 2) - 2 * 0.25 - 0.5; token 3 on row 1: drafted, so seen and counted once
     assert out.tolist() == [
         [2.5, 0.0, -2.0, 0.5],
@@ -76,11 +81,11 @@ def test_everything_at_once_in_vllms_order():
 
 def test_the_input_is_left_alone_and_neutral_params_change_nothing():
     logits = torch.tensor([ROW])
-    adjusted(logits, SamplingParams(logit_bias={0: 3.0}, repetition_penalty=3.0), {}, {0}, [[]])
+    changed(logits, SamplingParams(logit_bias={0: 3.0}, repetition_penalty=3.0), {}, {0}, [[]])
     assert logits.tolist() == [ROW]
     assert not adjusts(SamplingParams())
     assert adjusts(SamplingParams(repetition_penalty=1.1))
-    assert adjusted(logits, SamplingParams(), {1: 3}, {1}, [[]]).tolist() == [ROW]
+    assert changed(logits, SamplingParams(), {1: 3}, {1}, [[]]).tolist() == [ROW]
 
 
 def test_row_paths_of_a_chain_and_of_a_tree():
@@ -100,10 +105,10 @@ def test_a_block_row_is_the_steps_row_bit_for_bit():
         repetition_penalty=1.3,
     )  # fmt: skip
     output = [3, 5, 5]
-    block = adjusted(logits, params, Counter(output), {1, 2, *output}, row_paths(drafts, None))
+    block = changed(logits, params, Counter(output), {1, 2, *output}, row_paths(drafts, None))
     for i in range(len(drafts) + 1):
         so_far = output + drafts[:i]
-        alone = adjusted(logits[i : i + 1], params, Counter(so_far), {1, 2, *so_far}, [[]])
+        alone = changed(logits[i : i + 1], params, Counter(so_far), {1, 2, *so_far}, [[]])
         assert torch.equal(block[i], alone[0]), f"row {i}"
 
 
@@ -113,7 +118,7 @@ def test_draft_rows_follow_the_drafts_picked_before_them():
     what came after; a row whose path is unknown, or of another vocabulary, is left alone."""
     params = SamplingParams(frequency_penalty=1.0, presence_penalty=0.5)
     row = torch.tensor(ROW)
-    rows = DraftRows(params, {0: 1}, set(), start=10, vocab=4, given=[2])
+    rows = DraftRows(params, columns(params, {0: 1}, set()), start=10, vocab=4, given=[2])
     assert rows.row(10, row).tolist() == [-0.5, 2.0, -1.0, 0.5]
     assert rows.row(11, row).tolist() == [-0.5, 2.0, -2.5, 0.5]
     rows.picked(11, 3)
@@ -166,23 +171,44 @@ PENALISED = SamplingParams(
 )  # fmt: skip
 
 
+ALONE = {
+    "all of them": {},
+    "bias alone": {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0},
+    "repetition alone": {"presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {}},
+    "presence alone": {
+        "presence_penalty": 1.5,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "logit_bias": {},
+    },
+}
+
+
+@pytest.mark.parametrize("setting", list(ALONE))
 @pytest.mark.parametrize("prompt_name", list(PROMPTS))
-def test_greedy_with_penalties_equals_plain_for_every_k(target_model, draft_model, prompt_name):
+def test_greedy_with_penalties_equals_plain_for_every_k(
+    target_model, draft_model, prompt_name, setting
+):
     text = PROMPTS[prompt_name]
+    params = replace(PENALISED, **ALONE[setting])
     plain = Engine(backend(target_model))
-    expected = plain.generate(text, PENALISED).token_ids
+    expected = plain.generate(text, params).token_ids
     unpenalised = plain.generate(text, replace(PENALISED, **NEUTRAL)).token_ids
-    assert expected != unpenalised, "the penalties must change the output, or nothing is tested"
-    assert 9 not in expected
+    # (the long prompt holds every token of the vocabulary: a repetition penalty alone then
+    # scales every logit alike, and the argmax stays)
+    if (prompt_name, setting) != ("long", "repetition alone"):
+        assert expected != unpenalised, "the change must change the output, or nothing is tested"
     speculative = Engine(backend(target_model), ModelDrafter(backend(draft_model)))
     accepted = 0
     for k in [*range(1, 9), "auto"]:
-        out = speculative.generate(text, PENALISED, SpecConfig(k=k))
+        out = speculative.generate(text, params, SpecConfig(k=k))
         assert out.token_ids == expected, f"k = {k}"
         accepted += out.stats.accepted_tokens
     lookup = Engine(backend(target_model), PromptLookupDrafter())
-    assert lookup.generate(text, PENALISED, SpecConfig(k=4)).token_ids == expected
+    assert lookup.generate(text, params, SpecConfig(k=4)).token_ids == expected
     assert accepted > 0
+    if params.logit_bias:
+        assert 9 not in expected
 
 
 NEUTRAL = {

@@ -27,6 +27,7 @@ alone; exactness needs only that each draft's distribution is the one it was dra
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -57,38 +58,77 @@ def row_paths(token_ids: Sequence[int], parents: Sequence[int] | None) -> list[l
     return paths
 
 
-def adjusted(
-    logits: torch.Tensor,  # [rows, vocab]
+@dataclass(frozen=True)
+class Columns:
+    """The tokens a request's changes touch before this round's drafts, sorted, with their
+    count in the output, whether they were seen (prompt or output; under a repetition
+    penalty) and their bias (``columns``). Built once a round; each row adds its drafts."""
+
+    ids: np.ndarray  # int64, sorted
+    count: np.ndarray  # float32
+    seen: np.ndarray  # bool
+    bias: np.ndarray  # float32
+
+
+def columns(
     params: SamplingParams,
     counts: Mapping[int, int],  # how often the output so far holds each token
     seen: Collection[int],  # the tokens of the prompt and of the output so far
-    paths: Sequence[Sequence[int]],  # row i follows paths[i] after them (``row_paths``)
+) -> Columns:
+    bias = params.token_bias
+    touched = set(bias)
+    if _counted(params):
+        touched.update(counts)
+    if _repetition(params):
+        touched.update(seen)
+    ids = np.array(sorted(touched), dtype=np.int64)
+    count = np.zeros(len(ids), dtype=np.float32)
+    if counts and _counted(params):
+        count[np.searchsorted(ids, np.fromiter(counts, np.int64, len(counts)))] = list(
+            counts.values()
+        )
+    was_seen = np.zeros(len(ids), dtype=bool)
+    if _repetition(params):
+        was_seen[np.searchsorted(ids, np.fromiter(seen, np.int64, len(seen)))] = True
+    given = np.zeros(len(ids), dtype=np.float32)
+    if bias:
+        given[np.searchsorted(ids, np.fromiter(bias, np.int64, len(bias)))] = list(bias.values())
+    return Columns(ids, count, was_seen, given)
+
+
+def adjusted(
+    logits: torch.Tensor,  # [rows, vocab]
+    params: SamplingParams,
+    base: Columns,  # ``columns`` of the output so far
+    paths: Sequence[Sequence[int]],  # row i follows paths[i] after it (``row_paths``)
 ) -> torch.Tensor:
     """The rows of ``logits`` as ``params`` change them (float32; the input is not changed).
     Only the columns of tokens that are biased, counted, seen (under a repetition penalty)
     or drafted are touched."""
-    bias = params.token_bias
-    repetition = params.repetition_penalty != 1.0
-    counted = params.presence_penalty != 0 or params.frequency_penalty != 0
-    columns: set[int] = set(bias)
-    if counted:
-        columns.update(counts)
-    if repetition:
-        columns.update(seen)
-    if counted or repetition:
-        for path in paths:
-            columns.update(path)
-    if not columns:
-        return logits.float()
-    ids = sorted(columns)
-    column_of = {token: column for column, token in enumerate(ids)}
     rows = logits.shape[0]
-    count = np.zeros((rows, len(ids)), dtype=np.float32)
-    count[:] = [counts.get(token, 0) for token in ids]
-    was_seen = np.zeros((rows, len(ids)), dtype=bool)
-    if repetition:
-        was_seen[:] = [token in seen for token in ids]
-    for row, path in enumerate(paths[:rows]):
+    ids, count, was_seen, bias = base.ids, base.count, base.seen, base.bias
+    drafted = _counted(params) or _repetition(params)
+    column_of: dict[int, int] = {}  # each drafted token's column
+    if drafted:
+        tokens = sorted({t for path in paths[:rows] for t in path})
+        at = np.searchsorted(ids, np.array(tokens, dtype=np.int64)).tolist()
+        new: list[int] = []  # the drafts' tokens not among the base's: columns of their own
+        for token, column in zip(tokens, at, strict=True):
+            if column < len(ids) and ids[column] == token:
+                column_of[token] = column
+            else:
+                column_of[token] = len(ids) + len(new)
+                new.append(token)
+        if new:
+            ids = np.concatenate([ids, np.array(new, dtype=np.int64)])
+            count = np.concatenate([count, np.zeros(len(new), dtype=np.float32)])
+            was_seen = np.concatenate([was_seen, np.zeros(len(new), dtype=bool)])
+            bias = np.concatenate([bias, np.zeros(len(new), dtype=np.float32)])
+    if len(ids) == 0:
+        return logits.float()
+    count = np.tile(count, (rows, 1))
+    was_seen = np.tile(was_seen, (rows, 1))
+    for row, path in enumerate(paths[:rows] if drafted else ()):
         for token in path:
             count[row, column_of[token]] += 1
             was_seen[row, column_of[token]] = True
@@ -96,8 +136,8 @@ def adjusted(
     out = logits.detach().float().clone()
     view = out.numpy()
     values = view[:, ids]
-    values += np.array([bias.get(token, 0.0) for token in ids], dtype=np.float32)
-    if repetition:
+    values += bias
+    if _repetition(params):
         r = np.float32(params.repetition_penalty)
         values = np.where(was_seen, np.where(values > 0, values / r, values * r), values)
     if params.frequency_penalty:
@@ -106,6 +146,14 @@ def adjusted(
         values -= np.float32(params.presence_penalty) * (count > 0).astype(np.float32)
     view[:, ids] = values
     return out
+
+
+def _counted(params: SamplingParams) -> bool:
+    return params.presence_penalty != 0 or params.frequency_penalty != 0
+
+
+def _repetition(params: SamplingParams) -> bool:
+    return params.repetition_penalty != 1.0
 
 
 class DraftRows:
@@ -118,13 +166,12 @@ class DraftRows:
     def __init__(
         self,
         params: SamplingParams,
-        counts: Mapping[int, int],
-        seen: Collection[int],
+        base: Columns,
         start: int,
         vocab: int,
         given: Sequence[int] = (),
     ):
-        self.params, self.counts, self.seen = params, counts, seen
+        self.params, self.base = params, base
         self.start, self.vocab = start, vocab
         self.picks = {start + i: token for i, token in enumerate(given)}
 
@@ -133,7 +180,7 @@ class DraftRows:
         path = [self.picks.get(p) for p in range(self.start, position)]
         if logits.shape[-1] != self.vocab or None in path:
             return logits
-        return adjusted(logits.unsqueeze(0), self.params, self.counts, self.seen, [path])[0]  # type: ignore[list-item]
+        return adjusted(logits.unsqueeze(0), self.params, self.base, [path])[0]  # type: ignore[list-item]
 
     def picked(self, position: int, token_id: int) -> None:
         """The draft drawn at ``position``: the rows after it follow it (a chain member that

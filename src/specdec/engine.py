@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from specdec.adjustments import DraftRows, adjusted, adjusts, row_paths
+from specdec.adjustments import DraftRows, adjusted, adjusts, columns, row_paths
 from specdec.backends.base import Backend, held_prefix, sync_cache, sync_cache_scoring_last
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
@@ -217,6 +217,7 @@ class Run:
         self.adjusts = adjusts(params)
         self.counts: Counter[int] = Counter()
         self.seen = set(prompt) if params.repetition_penalty != 1.0 else set()
+        self.columns = columns(params, self.counts, self.seen)  # of them, this round
         self.stats = SpecStats(prompt_tokens=len(prompt))
         self.started = 0.0  # set by the first prefill_part() (start() is one)
         self.prefilled = False  # set by prefill_part()
@@ -416,9 +417,8 @@ class Run:
         context = [*self.context, *given] if given else self.context
         if self.adjusts and self.adjust_drafts:  # the draft's rows changed as the target's
             self.sampler.draft_rows = DraftRows(
-                self.params, self.counts, self.seen, len(self.context),
-                self.target.vocab_size, given,
-            )  # fmt: skip
+                self.params, self.columns, len(self.context), self.target.vocab_size, given
+            )
         try:
             if self.grammar is None or not self.mask_drafts:
                 proposal = yield from self.speculation.drafting(context, k, self.sampler, tree)
@@ -456,7 +456,7 @@ class Run:
         token_ids, draft_probs = proposal.token_ids, proposal.draft_probs
         if self.adjusts:  # the distribution plain decoding samples with them, row by row
             paths = row_paths(token_ids, proposal.parents)
-            logits = adjusted(logits, self.params, self.counts, self.seen, paths)
+            logits = adjusted(logits, self.params, self.columns, paths)
         if proposal.parents is not None:
             return self._verify_tree(proposal, logits)
         if self.grammar is not None:  # rows masked; drafts after a forbidden one dropped
@@ -513,6 +513,7 @@ class Run:
             self.counts.update(emitted)
             if self.params.repetition_penalty != 1.0:
                 self.seen.update(emitted)
+            self.columns = columns(self.params, self.counts, self.seen)
         if finish_reason is None and self._out_of_room():
             finish_reason = "length"
         if finish_reason is not None and not stopped:
