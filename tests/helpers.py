@@ -19,6 +19,26 @@ def random_ids(seed: int, count: int, vocab: int = 20) -> list[int]:
     return torch.randint(1, vocab, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def decode_together(runs, forward, check=None) -> list[list[int]]:
+    """Step ``runs`` (started ``engine.Run``s) together with ``engine.step_together`` over
+    the batched ``forward`` until each has finished; each run's tokens. ``check(chunk)``
+    is called on every chunk."""
+    from specdec.engine import step_together
+
+    tokens: list[list[int]] = [[] for _ in runs]
+    active = list(range(len(runs)))
+    while active:
+        chunks = step_together([runs[i] for i in active], forward)
+        for i, chunk in zip(list(active), chunks, strict=True):
+            assert not isinstance(chunk, Exception), chunk
+            if check is not None:
+                check(chunk)
+            tokens[i] += chunk.token_ids
+            if chunk.finish_reason is not None:
+                active.remove(i)
+    return tokens
+
+
 def backend(model, tokenizer=None) -> HFModel:
     return HFModel(model, tokenizer)
 

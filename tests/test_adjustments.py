@@ -23,12 +23,11 @@ import pytest
 import torch
 
 import specdec.engine
-from helpers import VOCAB, assert_same_distribution, backend
+from helpers import VOCAB, assert_same_distribution, backend, decode_together
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.adjustments import DraftRows, adjusted, adjusts, columns, row_paths
 from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
-from specdec.engine import step_together
 from specdec.sampling import logits_to_probs
 from test_engine_statistical import DRAWS, pair, prompt  # noqa: F401
 
@@ -256,14 +255,7 @@ def test_a_batch_with_penalties_equals_plain(runtime_pair):
         engine = Engine(target.sequence(), ModelDrafter(draft.sequence()))
         runs.append(engine.begin(PROMPTS["long"], params, SpecConfig(k=3)))
         runs[-1].start()
-    tokens: list[list[int]] = [[] for _ in runs]
-    active = list(range(len(runs)))
-    while active:
-        chunks = step_together([runs[i] for i in active], target.forward_many)
-        for i, chunk in zip(list(active), chunks, strict=True):
-            tokens[i] += chunk.token_ids
-            if chunk.finish_reason is not None:
-                active.remove(i)
+    tokens = decode_together(runs, target.forward_many)
     assert tokens == [out.token_ids for out in expected]
 
 

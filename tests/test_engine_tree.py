@@ -10,12 +10,11 @@ from dataclasses import replace
 import pytest
 
 import specdec.verify_tree
-from helpers import assert_same_distribution, backend, char_tokenizer
+from helpers import assert_same_distribution, backend, char_tokenizer, decode_together
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
 from specdec.config import Constraint
 from specdec.drafters import FallbackDrafter, ModelDrafter, PromptLookupDrafter
-from specdec.engine import step_together
 from test_engine_statistical import (  # noqa: F401
     DRAWS,
     SETTINGS,
@@ -219,16 +218,11 @@ def test_a_batch_drafts_chains_and_stays_exact(runtime_pair):
         engine = Engine(target.sequence(), ModelDrafter(draft.sequence()))
         runs.append(engine.begin(PROMPTS["short"], GREEDY, SpecConfig(k=3, tree="full")))
         runs[-1].start()
-    tokens: list[list[int]] = [[] for _ in runs]
-    active = list(range(len(runs)))
-    while active:
-        chunks = step_together([runs[i] for i in active], target.forward_many)
-        for i, chunk in zip(list(active), chunks, strict=True):
-            assert not isinstance(chunk, Exception), chunk
-            tokens[i] += chunk.token_ids
-            assert chunk.stats.sibling_tokens == 0
-            if chunk.finish_reason is not None:
-                active.remove(i)
+
+    def chains_only(chunk):
+        assert chunk.stats.sibling_tokens == 0
+
+    tokens = decode_together(runs, target.forward_many, chains_only)
     assert all(t == expected for t in tokens)
 
 
