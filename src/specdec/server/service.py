@@ -335,8 +335,8 @@ class Service:
         finally:
             for future in getters:
                 future.cancel()
-            if status == "disconnected":
-                self.cancel(jobs)  # the client went away: free the slots next round
+            if status != "ok":  # the client went away, or one choice failed: free the slots
+                self.cancel(jobs)
             self.finish(jobs, [c.chunks for c in choices], ttft, status)
 
     def ending(
