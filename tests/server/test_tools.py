@@ -302,6 +302,28 @@ def test_a_required_call_is_well_formed_and_the_same_with_speculation_and_withou
     )
 
 
+def test_each_of_n_seeded_choices_makes_its_own_call_streamed_or_not(client):
+    """n = 3 with a required call, sampled with a seed: each choice is the request with
+    seed + i alone, a call of its own; the stream sends each choice's call under its index."""
+    fields = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+    fields |= {"temperature": 1.0, "seed": 5}
+
+    def called(message) -> tuple[str, str]:
+        (call,) = message.tool_calls
+        return call.function.name, call.function.arguments
+
+    whole = ask(client, n=3, **fields)
+    alone = [called(ask(client, **(fields | {"seed": 5 + i})).choices[0].message) for i in range(3)]
+    assert [called(c.message) for c in whole.choices] == alone
+    assert all(c.finish_reason == "tool_calls" for c in whole.choices)
+    calls: dict[int, list] = {}
+    for event in ask(client, n=3, stream=True, **fields):
+        for choice in event.choices:
+            calls.setdefault(choice.index, []).extend(choice.delta.tool_calls or [])
+    streamed_calls = [calls[i] for i in range(3)]
+    assert [(c.function.name, c.function.arguments) for (c,) in streamed_calls] == alone
+
+
 def test_parallel_calls_are_calls_of_the_offered_functions(client):
     """Parallel calls (the default): each call read back is one of the functions offered
     with JSON arguments; the random model may be cut at max_tokens (closed calls are
