@@ -46,6 +46,15 @@ def adjusts(params: SamplingParams) -> bool:
     )
 
 
+def check_bias(params: SamplingParams, vocab_size: int) -> None:
+    """ValueError naming the ``logit_bias`` keys outside a vocabulary of ``vocab_size``."""
+    outside = [token for token in params.token_bias if token >= vocab_size]
+    if outside:
+        raise ValueError(
+            f"logit_bias names ids outside the vocabulary [0, {vocab_size}): {outside[:5]}"
+        )
+
+
 def row_paths(token_ids: Sequence[int], parents: Sequence[int] | None) -> list[list[int]]:
     """The drafts each scored row of a round follows, after the context: ``[last context
     token] + drafts`` scored as a chain (``parents`` None), row i follows ``token_ids[:i]``;

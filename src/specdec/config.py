@@ -91,12 +91,7 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if (
-            isinstance(self.temperature, bool)
-            or not isinstance(self.temperature, int | float)
-            or not math.isfinite(self.temperature)  # also rejects NaN
-            or self.temperature < 0
-        ):
+        if not _number(self.temperature) or self.temperature < 0:  # NaN is not a number here
             raise ValueError(
                 "temperature must be a finite number >= 0 (0 means greedy), "
                 f"got {self.temperature!r}"

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from specdec.adjustments import DraftRows, adjusted, adjusts, columns, row_paths
+from specdec.adjustments import DraftRows, adjusted, adjusts, check_bias, columns, row_paths
 from specdec.backends.base import Backend, held_prefix, sync_cache, sync_cache_scoring_last
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
@@ -129,16 +129,8 @@ class Engine:
         params = params or SamplingParams()
         spec = spec or SpecConfig()
         prompt = self._check_prompt(prompt_ids)
-        self._check_bias(params)
+        check_bias(params, self.target.vocab_size)
         return Run(self, prompt, params, spec, Detokenizer(self.target.tokenizer, params.stop))
-
-    def _check_bias(self, params: SamplingParams) -> None:
-        bad = [t for t in params.token_bias if t >= self.target.vocab_size]
-        if bad:
-            raise ValueError(
-                f"logit_bias names ids outside the vocabulary [0, {self.target.vocab_size}): "
-                f"{bad[:5]}"
-            )
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
         prompt = [int(t) for t in prompt_ids]

@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 
+from specdec.adjustments import check_bias
 from specdec.config import SEED_RANGE, Constraint, SamplingParams, SpecConfig
 from specdec.engine import Chunk
 from specdec.grammar import Grammar
@@ -104,13 +105,10 @@ class Service:
             )
         except ValueError as error:  # SamplingParams' messages start with the field's name
             raise ApiError(400, str(error), str(error).split()[0]) from None
-        vocab = self.scheduler.target_model.vocab_size
-        outside = [token for token in params.token_bias if token >= vocab]
-        if outside:
-            message = (
-                f"logit_bias names token ids outside the vocabulary [0, {vocab}): {outside[:5]}"
-            )
-            raise ApiError(400, message, "logit_bias")
+        try:
+            check_bias(params, self.scheduler.target_model.vocab_size)
+        except ValueError as error:
+            raise ApiError(400, str(error), "logit_bias") from None
         return params
 
     def spec(self, body: CompletionBody) -> SpecConfig:
