@@ -141,7 +141,9 @@ def test_draft_rows_follow_the_drafts_picked_before_them():
         ({"logit_bias": [1, 2]}, "must map token ids"),
         ({"presence_penalty": 2.5}, r"presence_penalty must be a number in \[-2, 2\]"),
         ({"frequency_penalty": True}, "frequency_penalty"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be a number > 0"),
+        ({"repetition_penalty": 0.0}, r"repetition_penalty must be a number in \[0.01, 100\]"),
+        ({"repetition_penalty": 5e-324}, "repetition_penalty"),  # schemathesis found it: NaN
+        ({"repetition_penalty": 1e39}, "repetition_penalty"),
     ],
 )
 def test_bad_values_are_refused_by_name(fields, message):

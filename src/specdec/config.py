@@ -28,6 +28,7 @@ VERIFICATIONS = ("auto", "rejection", "coupled")
 # 0 / 0 is NaN), and the distribution they approach is the argmax anyway.
 GREEDY_BELOW = 2.0**-126
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed accepts
+REPETITION_RANGE = (0.01, 100.0)  # repetition_penalty's: logits stay finite in float32
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs (and on completions' logprobs)
 CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "lark")
 
@@ -67,7 +68,7 @@ class SamplingParams:
     ``logit_bias`` (token id -> a bias in [-100, 100], added to its logit; a mapping, kept as
     sorted pairs), ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]: a
     token's logit lowered by the penalty once it is in the output, or by the penalty times
-    its count there) and ``repetition_penalty`` (> 0, 1 off: the logit of a token of the
+    its count there) and ``repetition_penalty`` (0.01 to 100, 1 off: the logit of a token of the
     prompt or the output divided by it where positive, multiplied where not) change the
     target's distribution; the output follows the changed one (``adjustments.py``).
     """
@@ -132,9 +133,14 @@ class SamplingParams:
             value = getattr(self, name)
             if not _number(value) or not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be a number in [-2, 2] (0 is off), got {value!r}")
-        if not _number(self.repetition_penalty) or self.repetition_penalty <= 0:
-            value = self.repetition_penalty
-            raise ValueError(f"repetition_penalty must be a number > 0 (1 is off), got {value!r}")
+        # Bounded so that no finite logit divided or multiplied by it overflows float32 (a
+        # tiny penalty sent positive logits to inf, and their softmax to NaN).
+        value = self.repetition_penalty
+        if not _number(value) or not REPETITION_RANGE[0] <= value <= REPETITION_RANGE[1]:
+            raise ValueError(
+                f"repetition_penalty must be a number in [{REPETITION_RANGE[0]:g}, "
+                f"{REPETITION_RANGE[1]:g}] (1 is off), got {value!r}"
+            )
 
     @property
     def greedy(self) -> bool:

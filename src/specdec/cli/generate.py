@@ -156,7 +156,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="divide the positive logits of tokens in the prompt or output by this, multiply "
-        "the negative ones (> 0; 1 = off)",
+        "the negative ones (0.01 to 100; 1 = off)",
     )
     p.add_argument(
         "--logit-bias",

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specdec.config import MAX_TOP_LOGPROBS, Constraint
+from specdec.config import MAX_TOP_LOGPROBS, REPETITION_RANGE, Constraint
 from specdec.server.tools import Function, ToolUse
 
 
@@ -76,7 +76,10 @@ class _Common(_Strict):
         default=None, description="token id (as a string) -> bias in [-100, 100]"
     )
     repetition_penalty: float = Field(
-        default=1.0, gt=0.0, description="extension (vLLM's): 1 is off; > 1 penalises repeats"
+        default=1.0,
+        ge=REPETITION_RANGE[0],
+        le=REPETITION_RANGE[1],
+        description="extension (vLLM's): 1 is off; > 1 penalises repeats",
     )
     # Extensions for speculation (vLLM calls the first one num_speculative_tokens too).
     num_speculative_tokens: int | Literal["auto"] | None = None
