@@ -543,6 +543,22 @@ def test_generate_logprobs_in_json_identical_to_plain_on_int8(model_dirs, capsys
     assert "--logprobs is printed with --json" in capsys.readouterr().err
 
 
+def test_generate_prompt_logprobs_in_json(model_dirs, capsys):
+    """--prompt-logprobs N with --json: one entry per prompt token, the first null, each
+    with its N most likely tokens; without --json, a usage error."""
+    target, draft = model_dirs
+    args = ["generate", "hello there", "--target", str(target), "--draft", str(draft), "--raw"]
+    args += ["--temperature", "0", "--max-tokens", "4", "--dtype", "int8", "--prompt-logprobs", "3"]
+    assert main([*args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    entries = result["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == result["stats"]["prompt_tokens"] > 2
+    assert all(e["logprob"] <= 0 and len(e["top"]) == 3 for e in entries[1:])
+    assert "logprobs" not in result
+    assert main(args) == 2
+    assert "--prompt-logprobs is printed with --json" in capsys.readouterr().err
+
+
 def test_generate_with_penalties_and_a_bias_is_plain_decodings_text(model_dirs, capsys):
     """--presence-penalty, --frequency-penalty, --repetition-penalty and --logit-bias change
     the text (a -100 bias bans its token), speculation keeps plain decoding's; a bias that is

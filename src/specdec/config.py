@@ -62,6 +62,9 @@ class SamplingParams:
     ``torch.Generator``; ``None`` draws a fresh seed. ``logprobs``: ``None`` returns none;
     ``n`` (0 to 20) returns each emitted token's log-probability under the target model and
     the ``n`` most likely tokens at its position (``logprobs.py`` says which distribution).
+    ``prompt_logprobs`` (vLLM's name; ``None`` or 0 to 20) does the same for the prompt's
+    tokens, each given the ones before it (the first has none): the target's prefill then
+    keeps every row's logits (``Output.prompt_logprobs``).
     ``constraint``: the output follows the target's distribution restricted to what the
     grammar allows (``grammar.py``); it ends when the grammar is complete.
 
@@ -81,6 +84,7 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     constraint: Constraint | None = None
     logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] = ()
     presence_penalty: float = 0.0
@@ -111,15 +115,17 @@ class SamplingParams:
             raise ValueError(
                 f"seed must be an integer in [-2**63, 2**64 - 1] or None, got {self.seed!r}"
             )
-        if self.logprobs is not None and (
-            isinstance(self.logprobs, bool)
-            or not isinstance(self.logprobs, int)
-            or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
-        ):
-            raise ValueError(
-                f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] (the most likely "
-                f"tokens to return beside each token's own) or None, got {self.logprobs!r}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= MAX_TOP_LOGPROBS
+            ):
+                raise ValueError(
+                    f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] (the most likely "
+                    f"tokens to return beside each token's own) or None, got {value!r}"
+                )
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
             raise ValueError(f"constraint must be a Constraint or None, got {self.constraint!r}")
         if isinstance(self.stop, str):

@@ -41,7 +41,8 @@ class Chunk:
     drafts; the rest is the target's own token (``extra_kind``: "recovered" after a
     rejection, "bonus" after full acceptance, "target" in a round without drafts), unless
     the output ended before it. ``logprobs``: one per token, when the request asked for them
-    (``SamplingParams.logprobs``)."""
+    (``SamplingParams.logprobs``). ``prompt_logprobs``: on a request's first chunk, one per
+    prompt token, the first None (``SamplingParams.prompt_logprobs``)."""
 
     token_ids: list[int]
     text: str
@@ -51,6 +52,7 @@ class Chunk:
     finish_reason: str | None
     stats: SpecStats
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,12 @@ class Output:
         if not self.chunks or self.chunks[0].logprobs is None:
             return None
         return [entry for chunk in self.chunks for entry in chunk.logprobs or []]
+
+    @property
+    def prompt_logprobs(self) -> list[TokenLogprob | None] | None:
+        """One per prompt token (the first None: nothing comes before it), when the request
+        asked for them (``SamplingParams.prompt_logprobs``)."""
+        return self.chunks[0].prompt_logprobs if self.chunks else None
 
 
 class Engine:
@@ -211,6 +219,12 @@ class Run:
         self.seen = set(prompt) if params.repetition_penalty != 1.0 else set()
         self.columns = columns(params, self.counts, self.seen)  # of them, this round
         self.stats = SpecStats(prompt_tokens=len(prompt))
+        # ``prompt_logprobs``: one per prompt token scored so far (the first has none), given
+        # out with the first chunk (``_score_prompt``)
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        if params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
+        self._prompt_given = False
         self.started = 0.0  # set by the first prefill_part() (start() is one)
         self.prefilled = False  # set by prefill_part()
         self._drafter_given = 0  # how much of the prompt the drafter's prefill has seen
@@ -248,6 +262,7 @@ class Run:
         from the prefill)."""
         began = time.perf_counter()
         self.started = self.started or began
+        self._score_prompt(None)
         logits = sync_cache_scoring_last(self.target, self.context)
         self.stats.target_forwards += 1
         proposal = Proposal([])
@@ -273,6 +288,8 @@ class Run:
         None: not this part (``prefill_part`` goes on as before)."""
         if self.generated or len(self.context) < self.FIRST_TOKEN_FROM_PREFILL:
             return None
+        if not self._prompt_scored():  # ``prefill_part`` scores it first
+            return None
         left = len(self.context) - held_prefix(self.target, self.context)
         if rows is not None and left > max(rows, 1):
             return None
@@ -288,9 +305,15 @@ class Run:
         row as alone. Timed as prefill, not as decode-phase costs."""
         began = time.perf_counter()
         self.started = self.started or began
-        fed = sync_cache(self.target, self.context[:-1], most=rows)
-        if fed:
-            self.stats.target_forwards += 1
+        if not self._prompt_scored():
+            fed = self._score_prompt(rows)
+            if not self._prompt_scored():  # the rest at the next parts
+                self.stats.prefill_seconds += time.perf_counter() - began
+                return fed
+        else:
+            fed = sync_cache(self.target, self.context[:-1], most=rows)
+            if fed:
+                self.stats.target_forwards += 1
         target_done = len(self.target.cached_token_ids) == len(self.context) - 1
         # A policy that has learned not to draft skips the draft's prefill; should it draft
         # later, the drafter catches up on the context first (``speculation``: catching up).
@@ -307,6 +330,37 @@ class Run:
         self.prefilled = target_done and (not drafts or self._drafter_given == len(self.context))
         self.stats.prefill_seconds += time.perf_counter() - began
         return fed
+
+    # Prompt rows scored a pass where the prompt's log-probabilities are asked for: every row's
+    # logits are kept (151,936 floats a row for Qwen2.5), so a long prompt goes in parts.
+    SCORE_ROWS = 128
+
+    def _prompt_scored(self) -> bool:
+        scored = self.prompt_logprobs
+        return scored is None or len(scored) == self.stats.prompt_tokens
+
+    def _score_prompt(self, rows: int | None) -> int:
+        """``prompt_logprobs``: the target's prefill of all but the last prompt token (or
+        of ``rows`` more of them) with every row's logits: row i scores prompt token i + 1.
+        The first part starts from an empty cache (a prefix another request left holds no
+        logits). On specdec's runtimes each row is the one a pass of any other size gives,
+        so a prompt token's values are those its position gets when decoding, bit for bit
+        (``tests/test_prompt_logprobs.py``). Returns how many tokens it fed."""
+        scored = self.prompt_logprobs
+        if scored is None or self._prompt_scored():
+            return 0
+        start = len(scored) - 1  # the cache holds the prompt up to here
+        if start == 0:
+            self.target.truncate(0)
+        last = self.stats.prompt_tokens - 1
+        end = last if rows is None else min(last, start + max(rows, 1))
+        top = self.params.prompt_logprobs or 0
+        for at in range(start, end, self.SCORE_ROWS):
+            upto = min(end, at + self.SCORE_ROWS)
+            logits = self.target.forward(self.context[at:upto])  # rows at .. upto - 1
+            self.stats.target_forwards += 1
+            scored.extend(token_logprobs(logits, self.context[at + 1 : upto + 1], top))
+        return end - start
 
     def _round(self) -> Chunk:
         proposal, draft_seconds = self.propose()
@@ -518,6 +572,8 @@ class Run:
         logprobs = None
         if self.params.logprobs is not None:  # emitted token i was scored by row i
             logprobs = token_logprobs(logits, emitted, self.params.logprobs)
+        prompt_logprobs = None if self._prompt_given else self.prompt_logprobs
+        self._prompt_given = True
         return Chunk(
             token_ids=emitted,
             text=text,
@@ -527,6 +583,7 @@ class Run:
             finish_reason=finish_reason,
             stats=self.stats,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _first_eos(self, token_ids: list[int]) -> int | None:

@@ -227,6 +227,14 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "position, from the verify pass's rows",
     )
     p.add_argument(
+        "--prompt-logprobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --json: the same for each prompt token given the ones before it (the "
+        "first has none: null), from the prefill, which then keeps every row's logits",
+    )
+    p.add_argument(
         "--dtype",
         choices=TRANSFORMERS_DTYPES,
         default=None,
@@ -304,14 +312,16 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop=tuple(args.stop),
         logprobs=args.logprobs,
+        prompt_logprobs=args.prompt_logprobs,
         constraint=constraint_of(args),
         logit_bias=bias_of(args.logit_bias),
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         repetition_penalty=args.repetition_penalty,
     )
-    if args.logprobs is not None and not args.json:
-        raise UsageError("--logprobs is printed with --json: add --json")
+    for flag, value in (("--logprobs", args.logprobs), ("--prompt-logprobs", args.prompt_logprobs)):
+        if value is not None and not args.json:
+            raise UsageError(f"{flag} is printed with --json: add --json")
     kinds = drafter_kinds(args.drafter)
     spec = SpecConfig(
         k=args.k if kinds else 0,

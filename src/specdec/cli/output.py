@@ -15,6 +15,7 @@ from rich.text import Text
 
 from specdec.config import SamplingParams, SpecConfig
 from specdec.engine import Chunk, Engine, Output
+from specdec.logprobs import TokenLogprob
 from specdec.metrics import SpecStats
 
 # The seed article's figure: accepted drafts green, rejected red, target-sampled blue.
@@ -23,23 +24,26 @@ ACCEPTED, REJECTED, FROM_TARGET = "green", "red strike", "bold blue"
 
 def output_dict(out: Output, tokenizer: Any = None) -> dict:
     """The JSON of ``--json``; ``logprobs`` (each token's and its position's most likely
-    tokens, with their text where there is a tokenizer) when the request asked for them."""
+    tokens, with their text where there is a tokenizer) and ``prompt_logprobs`` (the same
+    for the prompt's tokens, the first null) when the request asked for them."""
     body = {
         "text": out.text,
         "token_ids": out.token_ids,
         "finish_reason": out.finish_reason,
         "stats": out.stats.to_dict(),
     }
+
+    def one(token_id: int, logprob: float) -> dict:
+        text = None if tokenizer is None else tokenizer.decode([token_id])
+        return {"token_id": token_id, "token": text, "logprob": logprob}
+
+    def entry(e: TokenLogprob | None) -> dict | None:
+        return None if e is None else one(e.token_id, e.logprob) | {"top": [one(*t) for t in e.top]}
+
     if out.logprobs is not None:
-
-        def one(token_id: int, logprob: float) -> dict:
-            text = None if tokenizer is None else tokenizer.decode([token_id])
-            return {"token_id": token_id, "token": text, "logprob": logprob}
-
-        body["logprobs"] = [
-            one(e.token_id, e.logprob) | {"top": [one(t, lp) for t, lp in e.top]}
-            for e in out.logprobs
-        ]
+        body["logprobs"] = [entry(e) for e in out.logprobs]
+    if out.prompt_logprobs is not None:
+        body["prompt_logprobs"] = [entry(e) for e in out.prompt_logprobs]
     return body
 
 
