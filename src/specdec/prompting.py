@@ -51,6 +51,14 @@ def encode_prompt(tokenizer, prompt: str, template: str = "auto") -> list[int]:
     return list(tokenizer.encode(prompt))
 
 
+def checked_ids(token_ids: list[int], vocab_size: int) -> list[int]:
+    """A prompt given as token ids, each in the vocabulary (else a ValueError naming them)."""
+    bad = [t for t in token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    return list(token_ids)
+
+
 def chat_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     """Token ids of a conversation, ending with the assistant's turn prompt; ``tools``
     (OpenAI's function definitions) shown to the model by its template. A tokenizer

@@ -182,6 +182,94 @@ def test_n_choices_are_the_request_with_seed_plus_i_streamed_or_not(client, mode
     assert events[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+def test_echo_gives_the_prompt_and_its_logprobs_before_each_completion(client, models):
+    """echo: each choice's text begins with the prompt; with logprobs its tokens come first,
+    their values the engine's ``prompt_logprobs`` (the first null), then the completion's;
+    the same streamed, and from the prompt given as token ids (as lm-evaluation-harness
+    sends it to score a text: echo, logprobs 1, max_tokens 1)."""
+    prompt = "hello world, hello there"
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, logprobs=2, echo=True)
+    whole = client.completions.create(**kwargs)
+    expected = alone(models, prompt, 12, k=3, logprobs=2, prompt_logprobs=2)
+    choice = whole.choices[0]
+    assert choice.text == prompt + expected.text
+    logprobs = choice.logprobs
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    scored = [e.logprob for e in expected.prompt_logprobs[1:]]
+    assert logprobs.token_logprobs[1:] == scored + [e.logprob for e in expected.logprobs]
+    assert all(len(top) == 2 for top in logprobs.top_logprobs[1:])
+    assert "".join(logprobs.tokens) == choice.text  # one character a token
+    offsets = [len("".join(logprobs.tokens[:i])) for i in range(len(logprobs.tokens))]
+    assert logprobs.text_offset == offsets
+    assert whole.usage.prompt_tokens == len(prompt)
+    streamed = list(client.completions.create(**kwargs, stream=True))
+    parts = [p.choices[0] for p in streamed if p.choices]
+    assert "".join(p.text for p in parts) == choice.text
+    assert parts[0].text == prompt  # the echo first, on its own
+    values = [v for p in parts if p.logprobs for v in p.logprobs.token_logprobs]
+    assert values == logprobs.token_logprobs
+    assert [o for p in parts if p.logprobs for o in p.logprobs.text_offset] == offsets
+    _, _, tokenizer = models
+    ids = tokenizer.encode(prompt)
+    by_ids = client.completions.create(**{**kwargs, "prompt": ids})
+    assert by_ids.choices[0].text == choice.text
+    assert by_ids.choices[0].logprobs.token_logprobs == logprobs.token_logprobs
+    one = client.completions.create(**{**kwargs, "prompt": [ids], "max_tokens": 1, "logprobs": 1})
+    assert one.choices[0].logprobs.token_logprobs[: len(ids)] == [None] + scored
+    bare = client.completions.create(**{**kwargs, "logprobs": None})
+    assert bare.choices[0].text == choice.text and bare.choices[0].logprobs is None
+    sampled = client.completions.create(**{**kwargs, "temperature": 0.9, "seed": 5, "n": 2})
+    for i, each in enumerate(sampled.choices):
+        assert each.text.startswith(prompt)
+        assert (
+            each.text[len(prompt) :]
+            == alone(models, prompt, 12, k=3, seed=5 + i, temperature=0.9).text
+        )
+        assert each.logprobs.token_logprobs[: len(ids)] == [None] + scored
+
+
+def test_best_of_returns_the_n_completions_most_likely_per_token(client, models):
+    """best_of: that many completions are made (choice i the request with seed + i alone);
+    the n with the highest mean log-probability per token come back, best first, and the
+    usage counts every one made. Logprobs only where asked for."""
+    kwargs = dict(model=MODEL, prompt="seeded", max_tokens=10, temperature=1.0, seed=21)
+    made = [
+        alone(models, "seeded", 10, k=3, seed=21 + i, temperature=1.0, logprobs=0) for i in range(4)
+    ]
+
+    def mean(out):
+        return sum(e.logprob for e in out.logprobs) / len(out.logprobs)
+
+    ranked = sorted(made, key=mean, reverse=True)
+    assert len({round(mean(out), 6) for out in made}) == 4, "a tie: nothing ranked"
+    assert ranked[0] is not made[0], "the best is the first made: the ranking is not tested"
+    one = client.completions.create(**kwargs, best_of=4)
+    assert [c.text for c in one.choices] == [ranked[0].text]
+    assert one.choices[0].logprobs is None and one.choices[0].index == 0
+    assert one.usage.completion_tokens == sum(len(out.token_ids) for out in made)
+    two = client.completions.create(**kwargs, best_of=4, n=2, logprobs=1)
+    assert [c.index for c in two.choices] == [0, 1]
+    assert [c.text for c in two.choices] == [out.text for out in ranked[:2]]
+    values = [e.logprob for e in ranked[1].logprobs]
+    assert two.choices[1].logprobs.token_logprobs == values
+    assert client.completions.create(**kwargs, best_of=1).choices[0].text == made[0].text
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"best_of": 2, "n": 3}, "best_of must be >= n (3), got 2"),
+        ({"best_of": 2, "stream": True}, "best_of > n is not streamed"),
+        ({"best_of": 0}, "best_of"),
+        ({"best_of": 129}, "best_of"),
+    ],
+)
+def test_bad_best_of_is_a_400_naming_it(server, fields, message):
+    status, body = post(server, "/v1/completions", {"prompt": "hi", **fields})
+    assert status == 400 and body["error"]["param"] == "best_of", body
+    assert message in body["error"]["message"]
+
+
 def test_n_chat_choices_greedy_are_all_the_one_answer(client, models):
     messages = [{"role": "user", "content": "say hi"}]
     kwargs = dict(model=MODEL, messages=messages, max_tokens=12, temperature=0, n=2)

@@ -164,8 +164,7 @@ def test_an_abandoned_request_frees_its_slots(slow_model, n, stream):
         ({"prompt": "hi", "guided_regex": "a(b"}, "response_format"),
         ({"prompt": "hi", "guided_regex": "a", "guided_grammar": "start: /a/"}, "response_format"),
         ({"prompt": "hi", "logprobs": 21}, "logprobs"),
-        ({"prompt": "hi", "echo": True}, None),
-        ({"prompt": "hi", "best_of": 3}, None),
+        ({"prompt": "hi", "suffix": "!"}, None),
         ({"prompt": "hi", "logit_bias": {"x": 5}}, "logit_bias"),
         ({"prompt": "hi", "logit_bias": {"1": 500}}, "logit_bias"),
         ({"prompt": "hi", "logit_bias": {"1": "5"}}, "logit_bias.1"),
@@ -177,6 +176,12 @@ def test_an_abandoned_request_frees_its_slots(slow_model, n, stream):
         ({"prompt": "hi", "stop": ["a"] * 5}, "stop"),
         ({"prompt": "hi", "stop": ["a" * 300]}, "stop"),
         ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [1, -2]}, "prompt"),
+        ({"prompt": [1, 99999999]}, "prompt"),
+        ({"prompt": [[1], [2]]}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": [1, True]}, "prompt"),
     ],
 )
 def test_bad_fields_are_named_in_an_openai_error(server, body, param):

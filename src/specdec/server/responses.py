@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specdec.detokenizer import token_bytes
@@ -40,6 +43,22 @@ def merged_stats(choices: list[list[Chunk]]) -> SpecStats:
     return SpecStats.merged([chunks[-1].stats for chunks in choices])
 
 
+def best(choices: list[list[Chunk]], n: int, keep_logprobs: bool) -> list[list[Chunk]]:
+    """``best_of``: the ``n`` completions with the highest mean log-probability per token
+    (OpenAI's "best"; the raw model's values, ``logprobs.py``), best first, an earlier one
+    first on a tie and one with no tokens last; their logprobs dropped unless the request
+    asked for them (they were taken to rank)."""
+
+    def mean(chunks: list[Chunk]) -> float:
+        values = [e.logprob for c in chunks for e in c.logprobs or []]
+        return sum(values) / len(values) if values else -math.inf
+
+    ranked = sorted(choices, key=mean, reverse=True)[:n]  # sorted is stable
+    if keep_logprobs:
+        return ranked
+    return [[replace(chunk, logprobs=None) for chunk in chunks] for chunks in ranked]
+
+
 def spec_stats(choices: list[list[Chunk]]) -> dict:
     """The ``spec_stats`` extension: ``SpecStats.to_dict`` of ``merged_stats``."""
     return merged_stats(choices).to_dict()
@@ -73,18 +92,47 @@ def chat_logprobs(entries: list[TokenLogprob], text_of: TokenText) -> dict:
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(entries: list[TokenLogprob], text_of: TokenText, offset: int) -> dict:
+@dataclass(frozen=True)
+class Echo:
+    """A prompt each choice of a completion repeats before its text (``echo``): its text
+    and its first token, the one with no log-probability (null in the lists)."""
+
+    text: str
+    first_id: int
+
+    def entries(self, scored: Sequence[TokenLogprob | None] | None) -> list[Position] | None:
+        """The prompt's positions for ``logprobs``, from its ``prompt_logprobs`` (None:
+        none asked for)."""
+        if scored is None:
+            return None
+        return [(self.first_id, None)] + [(e.token_id, e) for e in scored[1:] if e is not None]
+
+
+# A token of completions' logprobs: its id and values, None for an echoed prompt's first.
+Position = tuple[int, TokenLogprob | None]
+
+
+def completion_logprobs(
+    entries: Sequence[TokenLogprob],
+    text_of: TokenText,
+    offset: int,
+    echoed: Sequence[Position] = (),
+) -> dict:
     """Completions' ``logprobs``: parallel lists of tokens, their log-probabilities, the
-    top tokens of each position and each token's offset in the text (from ``offset``)."""
-    tokens = [text_of(e.token_id)[0] for e in entries]
+    top tokens of each position and each token's offset in the text (from ``offset``);
+    an ``echoed`` prompt's positions before ``entries``."""
+    positions: list[Position] = [*echoed, *((e.token_id, e) for e in entries)]
+    tokens = [text_of(token_id)[0] for token_id, _ in positions]
     offsets = []
     for token in tokens:
         offsets.append(offset)
         offset += len(token)
     return {
         "tokens": tokens,
-        "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{text_of(t)[0]: lp for t, lp in e.top} for e in entries],
+        "token_logprobs": [None if e is None else e.logprob for _, e in positions],
+        "top_logprobs": [
+            None if e is None else {text_of(t)[0]: lp for t, lp in e.top} for _, e in positions
+        ],
         "text_offset": offsets,
     }
 
@@ -98,28 +146,37 @@ def completion_body(
     replica: str | None,
     text_of: TokenText,
     use: ToolUse | None = None,
+    echo: Echo | None = None,
+    made: list[list[Chunk]] | None = None,
 ) -> dict:
     """A whole completion (``chat.completion`` or ``text_completion``), one choice per
     chunk list, with ``usage`` (and its speculation) and the ``spec_stats`` extension;
     ``logprobs`` when asked for. With tools (``use``), the calls in a reply are its
     ``tool_calls`` (the text before them its content; ``tools.reply_of``) and a reply that
-    ended finishes with "tool_calls"."""
+    ended finishes with "tool_calls". ``echo``: each completion's text and logprobs begin
+    with the prompt's. ``made``: every completion made, where ``best_of`` returns some
+    (the usage and stats count them all, as OpenAI bills them)."""
     return {
         "id": response_id,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model_name,
         "choices": [
-            _choice(index, chunks, chat, text_of, use) for index, chunks in enumerate(choices)
+            _choice(index, chunks, chat, text_of, use, echo) for index, chunks in enumerate(choices)
         ],
-        "usage": usage(prompt_tokens, choices),
-        "spec_stats": spec_stats(choices),
+        "usage": usage(prompt_tokens, made or choices),
+        "spec_stats": spec_stats(made or choices),
         "system_fingerprint": replica,
     }
 
 
 def _choice(
-    index: int, chunks: list[Chunk], chat: bool, text_of: TokenText, use: ToolUse | None
+    index: int,
+    chunks: list[Chunk],
+    chat: bool,
+    text_of: TokenText,
+    use: ToolUse | None,
+    echo: Echo | None,
 ) -> dict:
     text = "".join(c.text for c in chunks)
     finish = chunks[-1].finish_reason or "length"
@@ -135,7 +192,11 @@ def _choice(
                 "tool_calls": [call.to_dict() for call in reply.calls],
             }
         return {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
-    logprobs = None if entries is None else completion_logprobs(entries, text_of, 0)
+    echoed = None if echo is None else echo.entries(chunks[0].prompt_logprobs)
+    logprobs = None
+    if entries is not None:
+        logprobs = completion_logprobs(entries, text_of, 0, echoed or ())
+    text = text if echo is None else echo.text + text
     return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
 
 
@@ -149,10 +210,11 @@ class StreamEvents:
         chat: bool,
         replica: str | None,
         text_of: TokenText,
+        echo: Echo | None = None,
     ):
         self.response_id, self.model_name, self.chat = response_id, model_name, chat
         self.replica, self.created = replica, int(time.time())
-        self.text_of = text_of
+        self.text_of, self.echo = text_of, echo
         # of each choice's next token's text in its completion (completions' logprobs)
         self.offsets: dict[int, int] = {}
 
@@ -181,6 +243,18 @@ class StreamEvents:
                 self.offsets[index] = offset + sum(len(token) for token in logprobs["tokens"])
             choice = {"index": index, "text": text or "", "finish_reason": finish}
         return self._data(choice | {"logprobs": logprobs}, extra)
+
+    def echoed(self, scored: list[TokenLogprob | None] | None, index: int = 0) -> str:
+        """Choice ``index``'s echoed prompt (before its first delta), and its tokens'
+        logprobs where asked for (``scored``: its first chunk's ``prompt_logprobs``)."""
+        assert self.echo is not None, "an echoing completion"
+        logprobs = None
+        echoed = self.echo.entries(scored)
+        if echoed is not None:
+            logprobs = completion_logprobs([], self.text_of, 0, echoed)
+            self.offsets[index] = sum(len(token) for token in logprobs["tokens"])
+        choice = {"index": index, "text": self.echo.text, "finish_reason": None}
+        return self._data(choice | {"logprobs": logprobs})
 
     def calls(self, calls: tuple[ToolCall, ...], index: int = 0) -> str:
         """A chat stream's delta of choice ``index``'s whole tool calls (OpenAI's shape,

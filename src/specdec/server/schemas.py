@@ -2,13 +2,13 @@
 
 Strict: numbers must be JSON numbers (``true`` or ``"3"`` is refused, not coerced), fields
 this server does not implement are refused by name, and OpenAI fields with a neutral value
-(``echo: false``, ``best_of: 1``) are accepted only with that value.
+(``suffix: null``) are accepted only with that value.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -145,49 +145,66 @@ class _Common(_Strict):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a text, or its token ids (one prompt: a list of one is unwrapped)"
+    )
     logprobs: int | None = Field(
         default=None,
         ge=0,
         le=MAX_TOP_LOGPROBS,
         description="each token's log-probability and this many most likely tokens (raw model)",
     )
-    echo: bool = False
-    best_of: int | None = None
+    echo: bool = Field(
+        default=False,
+        description="the prompt before the completion in each choice (with logprobs: its "
+        "tokens' too, the first's null)",
+    )
+    best_of: int | None = Field(
+        default=None,
+        ge=1,
+        le=128,
+        description="completions to make (>= n), of which the n with the highest mean "
+        "log-probability per token are returned; not streamed",
+    )
     suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, value):
-        if isinstance(value, list):
+        if isinstance(value, list) and value and isinstance(value[0], str | list):
             if len(value) != 1:
-                raise ValueError("give one prompt (a string or a list of one string)")
+                raise ValueError("give one prompt (a string or token ids, or a list of one)")
             value = value[0]
         if not value:
             raise ValueError("prompt is empty")
+        if isinstance(value, list):
+            if any(token < 0 for token in value):
+                raise ValueError("prompt token ids must be >= 0")
+            return value
         return _valid_text(value, "prompt")
 
     @model_validator(mode="after")
     def _neutral_fields(self):
-        unsupported = [
-            name
-            for name, neutral in (("echo", False), ("suffix", None))
-            if getattr(self, name) != neutral
-        ]
-        if self.best_of not in (None, 1):
-            unsupported.append("best_of")
-        if unsupported:
-            raise ValueError(f"not supported by this server: {', '.join(unsupported)}")
+        if self.suffix is not None:
+            raise ValueError("not supported by this server: suffix")
         return self
 
-    def prompt_text(self) -> str:
-        """The one prompt (the validator has unwrapped a one-element list)."""
-        assert isinstance(self.prompt, str), "validated to one string"
-        return self.prompt
+    def prompt_text(self) -> str | None:
+        """The one prompt's text (the validator has unwrapped a one-element list); None for
+        token ids (``prompt_ids``)."""
+        return self.prompt if isinstance(self.prompt, str) else None
+
+    def prompt_ids(self) -> list[int] | None:
+        """The one prompt's token ids, where it was given as ids."""
+        return None if isinstance(self.prompt, str) else cast(list[int], self.prompt)
 
     def logprobs_wanted(self) -> int | None:
         """``SamplingParams.logprobs``: None, or how many most likely tokens to return."""
         return self.logprobs
+
+    def prompt_logprobs_wanted(self) -> int | None:
+        """``SamplingParams.prompt_logprobs``: an echoed prompt's, with ``logprobs``."""
+        return self.logprobs if self.echo else None
 
 
 class TextPart(_Strict):
@@ -346,6 +363,10 @@ class ChatCompletionRequest(_Common):
     def logprobs_wanted(self) -> int | None:
         """``SamplingParams.logprobs``: None, or how many most likely tokens to return."""
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def prompt_logprobs_wanted(self) -> int | None:
+        """None: chat does not echo its prompt."""
+        return None
 
 
 CompletionBody = CompletionRequest | ChatCompletionRequest  # what the two routes take

@@ -26,7 +26,7 @@ from specdec.server.errors import ApiError, ClientGone, as_api_error
 from specdec.server.guard import Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import END, Job, QueueFull, Scheduler
-from specdec.server.schemas import ChatCompletionRequest, CompletionBody
+from specdec.server.schemas import ChatCompletionRequest, CompletionBody, CompletionRequest
 from specdec.server.tools import HeldText, ToolUse, reply_of, tags_are_tokens
 
 RETRY_AFTER_SECONDS = 1
@@ -97,6 +97,7 @@ class Service:
                 seed=body.seed,
                 stop=body.stop_strings(),
                 logprobs=body.logprobs_wanted(),
+                prompt_logprobs=body.prompt_logprobs_wanted(),
                 constraint=constraint,
                 logit_bias=body.bias(),
                 presence_penalty=body.presence_penalty,
@@ -121,6 +122,9 @@ class Service:
         if use is not None and use.required:  # llguidance's tokenizer, built once, off the loop
             await run_in_threadpool(lambda: self.tag_tokens)
         params, spec = self.params(body, use), self.spec(body)
+        made = self.made(body)
+        if made > body.n and params.logprobs is None:  # best_of ranks by them
+            params = replace(params, logprobs=0)
         if params.constraint is not None:  # a grammar that does not compile is a 400 now
             await run_in_threadpool(self.check_constraint, params.constraint, grammar_param(use))
         try:
@@ -128,11 +132,17 @@ class Service:
         except ValueError as error:
             raise ApiError(400, str(error), "prompt") from None
         self.check_length(prompt_ids)
+        echo = None
+        if isinstance(body, CompletionRequest) and body.echo:
+            given = body.prompt_text()  # None: given as token ids
+            decode = self.scheduler.tokenizer.decode
+            text = given if given is not None else await run_in_threadpool(decode, prompt_ids)
+            echo = responses.Echo(text, prompt_ids[0])
         loop = asyncio.get_running_loop()
         drafter = body.drafter or self.default_drafter
         jobs = [
             Job(prompt_ids, replace(params, seed=choice_seed(params.seed, i)), spec, drafter, loop)
-            for i in range(body.n)
+            for i in range(made)
         ]
         self.submit(jobs)
         try:
@@ -148,7 +158,7 @@ class Service:
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         if body.stream:
             events = responses.StreamEvents(
-                response_id, self.model_name, chat, self.replica, self.text_of
+                response_id, self.model_name, chat, self.replica, self.text_of, echo
             )
             return StreamingResponse(
                 self.stream(jobs, firsts, ttft, events, use), media_type="text/event-stream"
@@ -165,6 +175,9 @@ class Service:
         except ClientGone:
             return self.gone(jobs, choices)
         self.finish(jobs, choices, ttft, "ok")
+        made_choices = choices
+        if made > body.n:
+            choices = responses.best(choices, body.n, body.logprobs_wanted() is not None)
         return responses.completion_body(
             choices,
             len(prompt_ids),
@@ -174,7 +187,22 @@ class Service:
             self.replica,
             self.text_of,
             use,
+            echo,
+            made_choices,
         )
+
+    def made(self, body: CompletionBody) -> int:
+        """How many completions the request makes: ``best_of`` (>= n; not streamed), else
+        ``n``."""
+        best_of = body.best_of if isinstance(body, CompletionRequest) else None
+        if best_of is None:
+            return body.n
+        if best_of < body.n:
+            raise ApiError(400, f"best_of must be >= n ({body.n}), got {best_of}", "best_of")
+        if best_of > body.n and body.stream:
+            message = "best_of > n is not streamed (the best are known at the end): stream: false"
+            raise ApiError(400, message, "best_of")
+        return best_of
 
     def submit(self, jobs: list[Job]) -> None:
         """Every choice's job into the scheduler, or none (503 when it is full)."""
@@ -313,6 +341,8 @@ class Service:
                     if item is not END:
                         if choice.chunks:
                             choice.gaps.chunk()
+                        if not choice.chunks and events.echo is not None:
+                            yield events.echoed(item.prompt_logprobs, index)
                         choice.chunks.append(item)
                         text = choice.held.feed(item.text) if choice.held else item.text
                         if text or item.logprobs:
