@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.drafters import ModelDrafter
@@ -26,7 +27,7 @@ from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 SETTINGS = (None, 0, 5, 20)
 # A text to cut prompts of each length from (this file's own source: code and prose).
-SOURCE = open(__file__, encoding="utf-8").read()
+SOURCE = Path(__file__).read_text(encoding="utf-8")
 
 
 def main() -> None:
@@ -70,8 +71,7 @@ def main() -> None:
     )
     assert decoded.logprobs is not None and scored.prompt_logprobs is not None
     same = sum(
-        a == b
-        for a, b in zip(decoded.logprobs, scored.prompt_logprobs[len(prompt) :], strict=True)
+        a == b for a, b in zip(decoded.logprobs, scored.prompt_logprobs[len(prompt) :], strict=True)
     )
     print(
         f"decoded (k=4, {decoded.stats.accepted_tokens} drafts accepted) then scored: "
