@@ -128,3 +128,13 @@ def tiny_heads(
     )
     output = TrimmedHead(model.get_output_embeddings(), config.token_ids, config.vocab_size)
     return Heads(config, net, output), record
+
+
+def fim_tokenizer():
+    """``char_tokenizer`` with Qwen2.5-Coder's fill-in-the-middle markers as ids 32-34 (a
+    tiny model for it needs ``vocab=VOCAB + 3``)."""
+    from specdec.prompting import FIM_MARKERS
+
+    tokenizer = char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(FIM_MARKERS[0])})
+    return tokenizer

@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
+from helpers import VOCAB, fim_tokenizer, perturbed_copy, tiny_llama
 from specdec.cli import main
+from specdec.prompting import fim_ids
 
 
 @pytest.fixture(autouse=True)
@@ -557,6 +559,29 @@ def test_generate_prompt_logprobs_in_json(model_dirs, capsys):
     assert "logprobs" not in result
     assert main(args) == 2
     assert "--prompt-logprobs is printed with --json" in capsys.readouterr().err
+
+
+def test_generate_with_a_suffix_fills_in_the_middle(model_dirs, tmp_path, capsys):
+    """--suffix: the prompt ids are the model's fill-in-the-middle form of prompt and
+    suffix, speculation keeps plain decoding's text; a tokenizer without the markers, or
+    --chat, is a usage error."""
+    tokenizer = fim_tokenizer()
+    target = tiny_llama(seed=0, vocab=VOCAB + 3)
+    for name, model in (("target", target), ("draft", perturbed_copy(target, 0.03, seed=1))):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    args = ["generate", "def f(a", "--suffix", "return b", "--target", str(tmp_path / "target")]
+    args += ["--draft", str(tmp_path / "draft"), "--temperature", "0", "--max-tokens", "12"]
+    assert main([*args, "--dtype", "int8", "--json", "--compare"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["stats"]["prompt_tokens"] == len(fim_ids(tokenizer, "def f(a", "return b"))
+    assert result["compare"]["identical"] is True
+    assert main([*args, "--chat"]) == 2
+    assert "--suffix fills in the middle of raw text" in capsys.readouterr().err
+    target_dir, draft_dir = model_dirs
+    plain = ["generate", "ab", "--suffix", "cd", "--target", str(target_dir), "--drafter", "none"]
+    assert main(plain) == 2
+    assert "suffix needs a model trained to fill in the middle" in capsys.readouterr().err
 
 
 def test_generate_with_penalties_and_a_bias_is_plain_decodings_text(model_dirs, capsys):

@@ -165,6 +165,28 @@ def tool_calls(target, draft) -> dict:
     return runs
 
 
+MEAN_BEFORE = 'def mean(values):\n    """The arithmetic mean of values."""\n'
+MEAN_AFTER = "\n    return total / len(values)\n\n\nprint(mean([1, 2, 3]))\n"
+
+
+def filled_and_scored(target, draft) -> tuple:
+    """The middle of a function filled in (``suffix``), plain and speculative (k auto),
+    greedy, with logprobs; and the prompt plus the speculative middle scored as a prompt
+    (``prompt_logprobs``)."""
+    from specdec.prompting import fim_ids
+
+    prompt_ids = fim_ids(target.tokenizer, MEAN_BEFORE, MEAN_AFTER)
+    params = SamplingParams(max_tokens=32, temperature=0.0, logprobs=2)
+    plain = Engine(target).generate(prompt_ids, params, SpecConfig(k=0))
+    speculative = Engine(target, ModelDrafter(draft)).generate(
+        prompt_ids, params, SpecConfig(k="auto")
+    )
+    scoring = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2)
+    text = prompt_ids + speculative.token_ids
+    scored = Engine(target).generate(text, scoring, SpecConfig(k=0)).prompt_logprobs
+    return plain, speculative, scored[len(prompt_ids) :]
+
+
 @pytest.fixture(scope="module", params=["int8", "int4"])
 def quantized_runs(request):
     """specdec's batch-invariant runtimes (int8; int4, what generate picks on the AVX-512
@@ -179,6 +201,7 @@ def quantized_runs(request):
         draft.model.get_output_embeddings(),
         structured(target, draft, PERSON | {"x-guidance": COMPACT}),
         tool_calls(target, draft),
+        filled_and_scored(target, draft),
     )
 
 
@@ -263,3 +286,20 @@ def test_quantized_tool_calls_are_read_and_equal_plain(quantized_runs, choice):
         forced = speculative.stats.by_drafter["grammar"]
         assert forced["accepted"] == forced["drafted"] >= 10
         assert speculative.stats.rounds < plain.stats.rounds
+
+
+def test_quantized_fill_in_the_middle_equals_plain(quantized_runs):
+    """The default target is a coder trained to fill in the middle (Qwen2.5-Coder's
+    markers): it writes the missing line, and ends; speculation gives plain decoding's
+    tokens and logprobs."""
+    plain, speculative, _ = quantized_runs[6]
+    assert speculative.token_ids == plain.token_ids
+    assert speculative.logprobs == plain.logprobs
+    assert speculative.finish_reason == "stop" and "total" in speculative.text, speculative.text
+
+
+def test_quantized_scored_text_gets_its_decoded_logprobs(quantized_runs):
+    """The text decoded, scored as a prompt: every decoded token's value and top list the
+    same floats, at the real layer sizes and vocabulary."""
+    _, speculative, scored = quantized_runs[6]
+    assert scored == speculative.logprobs and len(scored) == len(speculative.token_ids) > 3

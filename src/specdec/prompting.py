@@ -51,6 +51,47 @@ def encode_prompt(tokenizer, prompt: str, template: str = "auto") -> list[int]:
     return list(tokenizer.encode(prompt))
 
 
+# Fill-in-the-middle markers of the model families trained with them, in prefix-suffix-middle
+# order: the tokens before the prefix, before the suffix, and before the middle to generate.
+FIM_MARKERS = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder (the default target)
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, StarCoder2
+    ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),  # DeepSeek-Coder
+)
+
+NO_FIM = (
+    "suffix needs a model trained to fill in the middle; this tokenizer has none of the "
+    f"markers ({', '.join(names[0] for names in FIM_MARKERS)}, ...)"
+)
+
+
+def fim_markers(tokenizer) -> tuple[int, int, int] | None:
+    """The ids of the tokenizer's fill-in-the-middle markers (``FIM_MARKERS``), if it has
+    a set."""
+    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
+    if convert is None:
+        return None
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    for names in FIM_MARKERS:
+        ids = convert(list(names))  # a lookup each; get_vocab() copies the vocabulary
+        if all(isinstance(i, int) and i != unknown for i in ids):
+            before, after, middle = ids
+            return before, after, middle
+    return None
+
+
+def fim_ids(tokenizer, prefix: str | list[int], suffix: str) -> list[int]:
+    """Token ids that ask the model for the text between ``prefix`` (a text or its ids)
+    and ``suffix``: prefix-suffix-middle with the tokenizer's markers (a ValueError where
+    it has none)."""
+    markers = fim_markers(tokenizer)
+    if markers is None:
+        raise ValueError(NO_FIM)
+    before, after, middle = markers
+    head = prefix if isinstance(prefix, list) else tokenizer.encode(prefix)
+    return [before, *head, after, *tokenizer.encode(suffix), middle]
+
+
 def checked_ids(token_ids: list[int], vocab_size: int) -> list[int]:
     """A prompt given as token ids, each in the vocabulary (else a ValueError naming them)."""
     bad = [t for t in token_ids if not 0 <= t < vocab_size]

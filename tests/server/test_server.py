@@ -11,13 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from helpers import backend
+from helpers import VOCAB, backend, fim_tokenizer, perturbed_copy, tiny_llama
 from servers import MODEL, Running, alone, post
 from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends.quant.convert import make_int4_batch_invariant
 from specdec.backends.quant.int4 import RowInt4Linear
 from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.config import Constraint
 from specdec.drafters import ModelDrafter
+from specdec.prompting import fim_ids
 
 
 def test_completion_equals_the_engine_alone(client, models):
@@ -268,6 +270,46 @@ def test_bad_best_of_is_a_400_naming_it(server, fields, message):
     status, body = post(server, "/v1/completions", {"prompt": "hi", **fields})
     assert status == 400 and body["error"]["param"] == "best_of", body
     assert message in body["error"]["message"]
+
+
+@pytest.mark.parametrize("runtime", ["float32", "int4"])
+def test_suffix_fills_in_the_middle_with_the_models_markers(runtime):
+    """suffix: the completion is what goes between the prompt and the suffix, asked with the
+    tokenizer's fill-in-the-middle markers (prefix, suffix, middle), exactly what the engine
+    gives for those ids alone; streamed the same; with echo, or on a tokenizer without
+    markers (the other tests' server), a 400 naming the field."""
+    tokenizer = fim_tokenizer()
+    target = tiny_llama(seed=0, vocab=VOCAB + 3)
+    draft = perturbed_copy(target, noise=0.03, seed=1)
+    if runtime == "int4":
+        target, draft = make_int4_batch_invariant(target), make_int4_batch_invariant(draft)
+    running = Running(target, draft, tokenizer, max_active=4, max_queue=8, prefill_rows=8)
+    try:
+        client = openai.OpenAI(base_url=running.url + "/v1", api_key="x", max_retries=0)
+        kwargs = dict(model=MODEL, prompt="def f(a", suffix="return b\n", temperature=0)
+        whole = client.completions.create(**kwargs, max_tokens=16)
+        ids = fim_ids(tokenizer, "def f(a", "return b\n")
+        engine = Engine(backend(target, tokenizer), ModelDrafter(backend(draft)))
+        expected = engine.generate(
+            ids, SamplingParams(max_tokens=16, temperature=0), SpecConfig(k=3)
+        )
+        assert whole.choices[0].text == expected.text
+        assert whole.usage.prompt_tokens == len(ids)
+        streamed = client.completions.create(**kwargs, max_tokens=16, stream=True)
+        assert "".join(p.choices[0].text for p in streamed if p.choices) == expected.text
+        prefix_ids = tokenizer.encode("def f(a")
+        by_ids = client.completions.create(**{**kwargs, "prompt": prefix_ids}, max_tokens=16)
+        assert by_ids.choices[0].text == expected.text
+        status, body = post(running, "/v1/completions", {**kwargs, "echo": True})
+        assert status == 400 and body["error"]["param"] == "echo", body
+    finally:
+        running.close()
+
+
+def test_suffix_without_fim_markers_is_a_400(server):
+    status, body = post(server, "/v1/completions", {"prompt": "ab", "suffix": "cd"})
+    assert status == 400 and body["error"]["param"] == "suffix", body
+    assert "fill in the middle" in body["error"]["message"]
 
 
 def test_n_chat_choices_greedy_are_all_the_one_answer(client, models):

@@ -16,7 +16,7 @@ from specdec.arguments import (
 )
 from specdec.config import TREES, VERIFICATIONS, Constraint, SamplingParams, SpecConfig
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, GGUF_TYPES
-from specdec.prompting import encode_prompt
+from specdec.prompting import encode_prompt, fim_ids
 from specdec.runtime import HELP as RUNTIME_HELP
 from specdec.runtime import (
     TRANSFORMERS_DTYPES,
@@ -198,6 +198,13 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "(chains: on the CPUs measured, trees decode no faster than chains)",
     )
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument(
+        "--suffix",
+        metavar="TEXT",
+        help="fill in the middle: the text after the completion, which is then what goes "
+        "between the prompt and TEXT (the model's fill-in-the-middle tokens, e.g. "
+        "Qwen2.5-Coder's; the prompt is raw text)",
+    )
     constrained = p.add_mutually_exclusive_group()
     constrained.add_argument(
         "--json-schema",
@@ -392,6 +399,18 @@ def constraint_of(args: argparse.Namespace) -> Constraint | None:
     return None
 
 
+def prompt_of(tokenizer, args: argparse.Namespace) -> list[int]:
+    """The prompt's token ids: its template's, or with ``--suffix`` the middle's to fill."""
+    if args.suffix is None:
+        return encode_prompt(tokenizer, args.prompt, args.template)
+    if args.template == "chat":
+        raise UsageError("--suffix fills in the middle of raw text: drop --chat")
+    try:
+        return fim_ids(tokenizer, args.prompt, args.suffix)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def build_engine(args: argparse.Namespace, recipe: str):
     """The engine ``args`` ask for and the prompt's tokens (encoded once the target's
     tokenizer is loaded: ``--drafter auto`` goes by the prompt's length)."""
@@ -411,7 +430,7 @@ def build_engine(args: argparse.Namespace, recipe: str):
         target = runtime.load(args.target, args.cache_dir, progress)
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
-        prompt_ids = encode_prompt(target.tokenizer, args.prompt, args.template)
+        prompt_ids = prompt_of(target.tokenizer, args)
         if recipe == "auto":
             from specdec.heads.load import NO_HEADS, auto_recipe
 

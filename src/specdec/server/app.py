@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from specdec.prompting import chat_ids, checked_ids, encode_prompt
+from specdec.prompting import chat_ids
 from specdec.server.errors import ERROR_SCHEMA, document_400_not_422, install_error_handlers
 from specdec.server.guard import Guard, Limits
 from specdec.server.metrics import ServerMetrics
@@ -104,14 +104,7 @@ def create_app(
     @app.post("/v1/completions", responses=streamed)
     async def completions(body: CompletionRequest, request: Request):
         service.check_cheap(body)
-        text, ids = body.prompt_text(), body.prompt_ids()
-        if text is not None:
-            return await service.serve(
-                body, lambda: encode_prompt(scheduler.tokenizer, text, "raw"), request
-            )
-        assert ids is not None, "a prompt is a text or token ids"
-        vocab = scheduler.target_model.vocab_size
-        return await service.serve(body, lambda: checked_ids(ids, vocab), request)
+        return await service.serve(body, service.completion_prompt(body), request)
 
     @app.post("/v1/chat/completions", responses=streamed)
     async def chat_completions(body: ChatCompletionRequest, request: Request):

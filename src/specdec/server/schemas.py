@@ -166,7 +166,11 @@ class CompletionRequest(_Common):
         description="completions to make (>= n), of which the n with the highest mean "
         "log-probability per token are returned; not streamed",
     )
-    suffix: str | None = None
+    suffix: str | None = Field(
+        default=None,
+        description="fill in the middle: the text after the completion (the model's own "
+        "fill-in-the-middle tokens around the prompt and it)",
+    )
 
     @field_validator("prompt")
     @classmethod
@@ -175,18 +179,23 @@ class CompletionRequest(_Common):
             if len(value) != 1:
                 raise ValueError("give one prompt (a string or token ids, or a list of one)")
             value = value[0]
-        if not value:
-            raise ValueError("prompt is empty")
         if isinstance(value, list):
+            if not value:
+                raise ValueError("prompt is empty")
             if any(token < 0 for token in value):
                 raise ValueError("prompt token ids must be >= 0")
             return value
         return _valid_text(value, "prompt")
 
+    @field_validator("suffix")
+    @classmethod
+    def _suffix_text(cls, value):
+        return value if value is None else _valid_text(value, "suffix")
+
     @model_validator(mode="after")
-    def _neutral_fields(self):
-        if self.suffix is not None:
-            raise ValueError("not supported by this server: suffix")
+    def _something_to_complete(self):
+        if self.prompt == "" and self.suffix is None:  # before a suffix, "" is a file's start
+            raise ValueError("prompt is empty")
         return self
 
     def prompt_text(self) -> str | None:

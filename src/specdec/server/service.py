@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
@@ -21,6 +21,7 @@ from specdec.adjustments import check_bias
 from specdec.config import SEED_RANGE, Constraint, SamplingParams, SpecConfig
 from specdec.engine import Chunk
 from specdec.grammar import Grammar
+from specdec.prompting import NO_FIM, checked_ids, encode_prompt, fim_ids, fim_markers
 from specdec.server import responses
 from specdec.server.errors import ApiError, ClientGone, as_api_error
 from specdec.server.guard import Limits
@@ -80,6 +81,25 @@ class Service:
                 f"{limits.max_stop_chars} characters"
             )
             raise ApiError(400, message, "stop")
+
+    def completion_prompt(self, body: CompletionRequest) -> Callable[[], list[int]]:
+        """How a completion's prompt becomes token ids (run off the event loop): its text
+        encoded, its ids checked against the vocabulary, or, with a ``suffix``, both around
+        the model's fill-in-the-middle markers."""
+        tokenizer, vocab = self.scheduler.tokenizer, self.scheduler.target_model.vocab_size
+        text, ids = body.prompt_text(), body.prompt_ids()
+        prompt: str | list[int] = text if text is not None else cast(list[int], ids)
+        suffix = body.suffix
+        if suffix is not None:
+            if body.echo:
+                message = "echo with suffix: the prompt is not before the completion"
+                raise ApiError(400, message, "echo")
+            if fim_markers(tokenizer) is None:
+                raise ApiError(400, NO_FIM, "suffix")
+            return lambda: checked_ids(fim_ids(tokenizer, prompt, suffix), vocab)
+        if isinstance(prompt, list):
+            return lambda: checked_ids(prompt, vocab)
+        return lambda: encode_prompt(tokenizer, prompt, "raw")
 
     def params(self, body: CompletionBody, use: ToolUse | None = None) -> SamplingParams:
         """``use``: the request's tools; where it requires calls, their grammar constrains
