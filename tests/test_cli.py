@@ -584,6 +584,28 @@ def test_generate_with_a_suffix_fills_in_the_middle(model_dirs, tmp_path, capsys
     assert "suffix needs a model trained to fill in the middle" in capsys.readouterr().err
 
 
+def test_generate_with_a_prediction_drafts_it_and_keeps_plain_decodings_text(
+    model_dirs, tmp_path, capsys
+):
+    """--prediction FILE: its tokens drafted in front of --drafter (or alone with
+    --drafter none), the text plain decoding's; an unreadable file is a usage error."""
+    target, draft = model_dirs
+    args = ["generate", "hello", "--target", str(target), "--draft", str(draft), "--raw"]
+    args += ["--temperature", "0", "--max-tokens", "30", "--dtype", "int8", "-k", "4", "--json"]
+    assert main(args) == 0
+    text = json.loads(capsys.readouterr().out)["text"]
+    predicted = tmp_path / "predicted.txt"
+    predicted.write_text(text[:8] + "zz" + text[10:])
+    for drafter in ("model", "none"):
+        run = [*args, "--prediction", str(predicted), "--drafter", drafter, "--compare"]
+        assert main(run) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["text"] == text and result["compare"]["identical"] is True
+        assert result["stats"]["by_drafter"]["prediction"]["accepted"] > len(text) // 2
+    assert main([*args, "--prediction", str(tmp_path / "missing.txt")]) == 2
+    assert "--prediction: cannot read" in capsys.readouterr().err
+
+
 def test_generate_with_penalties_and_a_bias_is_plain_decodings_text(model_dirs, capsys):
     """--presence-penalty, --frequency-penalty, --repetition-penalty and --logit-bias change
     the text (a -100 bias bans its token), speculation keeps plain decoding's; a bias that is

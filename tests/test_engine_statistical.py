@@ -47,6 +47,7 @@ from specdec.drafters import (
     ModelDrafter,
     NGramDrafter,
     NGramModel,
+    PredictionDrafter,
     PromptLookupDrafter,
 )
 from specdec.metrics import SpecStats
@@ -121,6 +122,17 @@ def make_drafter(pair, prompt):
         for kind in ("medusa", "eagle")
     }
 
+    # A predicted output: the target's greedy continuation of the prompt (often, not always,
+    # what a sampled output is).
+    predicted = Engine(backend(target)).generate(prompt, replace(params, temperature=0.0))
+
+    def with_prediction(behind=None):
+        def drafter():
+            made = PredictionDrafter(predicted.token_ids, len(prompt))
+            return made if behind is None else FallbackDrafter([made, behind()])
+
+        return drafter
+
     def with_heads(kind):
         def engine() -> Engine:
             backend_ = backend(target)
@@ -139,6 +151,8 @@ def make_drafter(pair, prompt):
         "lookup+model": lambda: FallbackDrafter(
             [PromptLookupDrafter(), ModelDrafter(backend(draft))]
         ),
+        "prediction": with_prediction(),
+        "prediction+model": with_prediction(lambda: ModelDrafter(backend(draft))),
         # FR-Spec: the draft scores 24 of 32 tokens (q = 0 on the rest).
         "trimmed model": lambda: ModelDrafter(backend(trimmed_copy(draft, range(24)))),
     }
@@ -182,6 +196,10 @@ CASES = (
         for verification in ("rejection", "coupled")
     ]
     + [("lookup+model", "temperature 0.7, top-k 8, top-p 0.9", "rejection")]
+    + [
+        ("prediction", "temperature 1", "coupled"),
+        ("prediction+model", "temperature 0.7, top-k 8, top-p 0.9", "rejection"),
+    ]
     + [
         ("model, prompt tail", "temperature 0.7, top-k 8, top-p 0.9", verification)
         for verification in ("rejection", "coupled")

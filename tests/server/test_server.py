@@ -312,6 +312,42 @@ def test_suffix_without_fim_markers_is_a_400(server):
     assert "fill in the middle" in body["error"]["message"]
 
 
+def test_a_predicted_output_drafts_and_the_answer_stays_the_engines(client, models):
+    """prediction (OpenAI's predicted outputs): the answer is the engine's alone, greedy and
+    seeded, streamed or not; where it follows the prediction its tokens are accepted
+    drafts, counted in usage.completion_tokens_details, and the request takes fewer rounds."""
+    messages = [{"role": "user", "content": "say hi"}]
+    kwargs = dict(model=MODEL, messages=messages, max_tokens=40, temperature=0)
+    extra = {"num_speculative_tokens": 4}  # "auto" learns from timings: drafts would vary
+    free = client.chat.completions.create(**kwargs, extra_body=extra)
+    answer = free.choices[0].message.content
+    predicted = answer[:10] + "xyz" + answer[13:]  # the answer with a change
+    for parts in (predicted, [{"type": "text", "text": predicted}]):
+        prediction = {"type": "content", "content": parts}
+        out = client.chat.completions.create(**kwargs, prediction=prediction, extra_body=extra)
+        assert out.choices[0].message.content == answer
+        details = out.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens > len(answer) // 2
+        assert details.rejected_prediction_tokens > 0, (answer, details)  # at the change
+        assert out.model_extra["spec_stats"]["rounds"] < free.model_extra["spec_stats"]["rounds"]
+    streamed = client.chat.completions.create(
+        **kwargs, prediction=prediction, extra_body=extra, stream=True
+    )
+    chunks = list(streamed)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer
+    sampled = {**kwargs, "temperature": 0.9, "seed": 3}
+    alone_sampled = client.chat.completions.create(**sampled, extra_body=extra)
+    with_prediction = client.chat.completions.create(
+        **sampled, prediction=prediction, extra_body=extra
+    )
+    assert with_prediction.choices[0].message.content == alone_sampled.choices[0].message.content
+    plain = client.chat.completions.create(
+        **kwargs, prediction=prediction, extra_body={"num_speculative_tokens": 0}
+    )
+    assert plain.choices[0].message.content == answer
+    assert plain.usage.completion_tokens_details.accepted_prediction_tokens == 0
+
+
 def test_n_chat_choices_greedy_are_all_the_one_answer(client, models):
     messages = [{"role": "user", "content": "say hi"}]
     kwargs = dict(model=MODEL, messages=messages, max_tokens=12, temperature=0, n=2)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 from specdec.arguments import (
     UsageError,
@@ -199,6 +202,13 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument(
+        "--prediction",
+        metavar="FILE",
+        help="predicted output (OpenAI's): a text the output is expected to be, mostly (a "
+        "file regenerated with a few changes); its tokens are drafted, in front of --drafter, "
+        "while the output follows it. The output stays the target's",
+    )
+    p.add_argument(
         "--suffix",
         metavar="TEXT",
         help="fill in the middle: the text after the completion, which is then what goes "
@@ -330,6 +340,9 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and not args.json:
             raise UsageError(f"{flag} is printed with --json: add --json")
     kinds = drafter_kinds(args.drafter)
+    if args.prediction is not None:
+        args.prediction = read_prediction(args.prediction)
+        kinds = kinds or ["prediction"]
     spec = SpecConfig(
         k=args.k if kinds else 0,
         max_k=args.max_k,
@@ -416,7 +429,8 @@ def build_engine(args: argparse.Namespace, recipe: str):
     tokenizer is loaded: ``--drafter auto`` goes by the prompt's length)."""
     from specdec.backends.compat import check_same_vocabulary
     from specdec.drafters import NGramModel
-    from specdec.drafters.recipe import DraftSources, build_drafter
+    from specdec.drafters.prediction import PredictionDrafter
+    from specdec.drafters.recipe import DraftSources, build_drafter, with_prediction
     from specdec.engine import Engine
     from specdec.heads.load import load_drafter
     from specdec.progress import progress_bar
@@ -458,8 +472,20 @@ def build_engine(args: argparse.Namespace, recipe: str):
             ngram_model=(lambda: NGramModel.load(args.ngram_model)) if args.ngram_model else None,
             lookup_ngrams=(args.lookup_max_ngram, args.lookup_min_ngram),
         )
+        if args.prediction:
+            predicted = target.tokenizer.encode(args.prediction, add_special_tokens=False)
+            made = functools.partial(PredictionDrafter, predicted, len(prompt_ids))
+            sources, recipe = replace(sources, prediction=made), with_prediction(recipe)
         drafter = build_drafter(recipe if args.k != 0 else "none", sources)
     return Engine(target, drafter), prompt_ids
+
+
+def read_prediction(path: str) -> str:
+    """``--prediction``'s file, read before any loading (a UsageError if it cannot be)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"--prediction: cannot read {path}: {error}") from None
 
 
 def read_stdin_prompt() -> str:

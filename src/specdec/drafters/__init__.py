@@ -5,6 +5,7 @@ from specdec.drafters.composite import ChoiceDrafter, FallbackDrafter
 from specdec.drafters.lookup import PromptLookupDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter, NGramModel
+from specdec.drafters.prediction import PredictionDrafter
 
 __all__ = [
     "ChoiceDrafter",
@@ -13,6 +14,7 @@ __all__ = [
     "ModelDrafter",
     "NGramDrafter",
     "NGramModel",
+    "PredictionDrafter",
     "PromptLookupDrafter",
     "Proposal",
 ]

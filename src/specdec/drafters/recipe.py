@@ -28,6 +28,7 @@ KINDS = {
     "ngram": "n-gram model",
     "medusa": "Medusa heads",
     "eagle": "EAGLE head",
+    "prediction": "predicted output",  # a request's own (``DraftSources.prediction``)
 }
 
 
@@ -63,6 +64,18 @@ def _parse_chain(chain: str) -> list[str]:
     return kinds
 
 
+def with_prediction(recipe: str) -> str:
+    """``recipe`` with a request's predicted output in front of each chain: 'lookup+model'
+    -> 'prediction+lookup+model'; 'model/eagle' -> 'prediction+model/prediction+eagle';
+    'none' -> 'prediction'."""
+    chains = parse_choice(recipe)
+    if not chains:
+        return "prediction"
+    return "/".join(
+        chain if chain.startswith("prediction") else f"prediction+{chain}" for chain in chains
+    )
+
+
 def is_recipe(recipe: str) -> bool:
     """Whether ``recipe`` is a valid drafter recipe (as for ``--drafter``)."""
     try:
@@ -96,13 +109,15 @@ class DraftSources:
     drafts guided by prompt lookup (``ModelDrafter``'s ``guide``: the same proposals, fewer
     passes where the draft confirms the copy); ``heads``: by kind (medusa, eagle), a new heads
     drafter over the request's target; ``ngram_model``: the n-gram model; ``lookup_ngrams``:
-    prompt lookup's (max, min) match (min None: 1 alone, 2 in front of another drafter). A
-    kind whose part is missing is not available (``kinds``)."""
+    prompt lookup's (max, min) match (min None: 1 alone, 2 in front of another drafter);
+    ``prediction``: a new drafter of one request's predicted output (``PredictionDrafter``).
+    A kind whose part is missing is not available (``kinds``)."""
 
     draft_model: Callable[[], Any] | None = None
     heads: Mapping[str, Callable[[], Drafter]] = field(default_factory=dict)
     ngram_model: Callable[[], NGramModel] | None = None
     lookup_ngrams: tuple[int, int | None] = (3, None)
+    prediction: Callable[[], Drafter] | None = None
 
     def factories(self) -> dict[str, Callable[[], Drafter]]:
         """Every available kind's drafter factory."""
@@ -113,6 +128,8 @@ class DraftSources:
             made["model"] = lambda: ModelDrafter(draft_model(), self._guide())
         if (ngram_model := self.ngram_model) is not None:
             made["ngram"] = lambda: NGramDrafter(ngram_model())
+        if self.prediction is not None:
+            made["prediction"] = self.prediction
         return made | dict(self.heads)
 
     def _guide(self) -> PromptLookupDrafter:

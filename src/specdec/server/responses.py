@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from specdec.detokenizer import token_bytes
+from specdec.drafters.prediction import PREDICTION
 from specdec.engine import Chunk
 from specdec.logprobs import TokenLogprob
 from specdec.metrics import SpecStats
@@ -20,13 +21,19 @@ def usage(prompt_tokens: int, choices: list[list[Chunk]]) -> dict:
     """OpenAI's token counts (the completion's summed over its choices), and the request's
     speculation (an extension, as vLLM and SGLang report it per request): drafted and
     accepted tokens, acceptance rate, mean accepted length (tokens a round, the target's own
-    included; ``metrics.py`` defines them), over all its choices."""
+    included; ``metrics.py`` defines them), over all its choices; and OpenAI's counts of a
+    predicted output's tokens accepted and rejected as drafts (0 without one)."""
     completion = sum(len(c.token_ids) for chunks in choices for c in chunks)
     stats = merged_stats(choices)
+    predicted = stats.by_drafter.get(PREDICTION, {"drafted": 0, "accepted": 0})
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": predicted["accepted"],
+            "rejected_prediction_tokens": predicted["drafted"] - predicted["accepted"],
+        },
         "speculation": {
             "drafted_tokens": stats.drafted_tokens,
             "accepted_tokens": stats.accepted_tokens,

@@ -34,6 +34,7 @@ from specdec.backends.hf import model_of
 from specdec.config import DEFAULT_MAX_ROWS, DEFAULT_PREFILL_ROWS, SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
 from specdec.drafters import Drafter
+from specdec.drafters.prediction import PredictionDrafter
 from specdec.drafters.recipe import (
     DraftSources,
     available_recipes,
@@ -67,6 +68,9 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
     checked: float = 0.0  # when the handler last looked whether the client is still there
+    # the request's predicted output (token ids): drafts in front of ``drafter``, whose
+    # recipe then begins with "prediction" (``recipe.with_prediction``)
+    prediction: list[int] | None = None
 
     def put(self, item: Chunk | Exception | None) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
@@ -222,7 +226,7 @@ class Scheduler:
         target = self.target_model.sequence()
         # k = 0 drafts nothing: no drafter, whose draft sequence would take a prefix donor's
         # place (BatchedModel.RECENT) for nothing
-        drafter = None if job.spec.k == 0 else self._drafter(job.drafter, target)
+        drafter = None if job.spec.k == 0 else self._drafter(job, target)
         controller = None
         if job.spec.adaptive:  # one controller per drafter recipe: what one request learns helps
             key = f"{job.drafter}@{job.spec.max_k}"
@@ -232,16 +236,20 @@ class Scheduler:
         engine = Engine(target, drafter, controller)
         return engine.begin(job.prompt_ids, job.params, job.spec)
 
-    def _drafter(self, recipe: str, target: Backend) -> Drafter | None:
-        return build_drafter(recipe, self._sources(target))
+    def _drafter(self, job: Job, target: Backend) -> Drafter | None:
+        return build_drafter(job.drafter, self._sources(target, job))
 
-    def _sources(self, target: Backend | None = None) -> DraftSources:
-        """What this server drafts with, for a request over ``target`` (None: which kinds)."""
+    def _sources(self, target: Backend | None = None, job: Job | None = None) -> DraftSources:
+        """What this server drafts with, for ``job`` over ``target`` (None: which kinds)."""
         draft_model: Callable[[], Backend] | None = None
         if (model := self.draft_model) is not None:
             draft_model = model.sequence
         heads = {kind: functools.partial(h.drafter, target) for kind, h in self.heads.items()}
-        return DraftSources(draft_model=draft_model, heads=heads)
+        prediction = None
+        if job is not None and job.prediction is not None:
+            predicted, prompt_tokens = job.prediction, len(job.prompt_ids)
+            prediction = lambda: PredictionDrafter(predicted, prompt_tokens)  # noqa: E731
+        return DraftSources(draft_model=draft_model, heads=heads, prediction=prediction)
 
     def _advance(self, entry: _Active) -> None:
         """One round of one job; a job that is over (done, failed or abandoned) leaves."""

@@ -46,6 +46,29 @@ class ResponseFormat(_Strict):
         return self
 
 
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Prediction(_Strict):
+    """OpenAI's predicted output: text the output is expected to be, mostly (its tokens are
+    drafts; the output stays the target's)."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    @field_validator("content")
+    @classmethod
+    def _text(cls, value):
+        text = value if isinstance(value, str) else "".join(part.text for part in value)
+        return _valid_text(text, "prediction")
+
+    def text(self) -> str:
+        assert isinstance(self.content, str), "validated to its text"
+        return self.content
+
+
 class _Common(_Strict):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -80,6 +103,10 @@ class _Common(_Strict):
         ge=REPETITION_RANGE[0],
         le=REPETITION_RANGE[1],
         description="extension (vLLM's): 1 is off; > 1 penalises repeats",
+    )
+    prediction: Prediction | None = Field(
+        default=None,
+        description="predicted output: its tokens are drafted while the output follows it",
     )
     # Extensions for speculation (vLLM calls the first one num_speculative_tokens too).
     num_speculative_tokens: int | Literal["auto"] | None = None
@@ -214,11 +241,6 @@ class CompletionRequest(_Common):
     def prompt_logprobs_wanted(self) -> int | None:
         """``SamplingParams.prompt_logprobs``: an echoed prompt's, with ``logprobs``."""
         return self.logprobs if self.echo else None
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
 
 
 class CalledFunction(_Strict):

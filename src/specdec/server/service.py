@@ -6,6 +6,7 @@ cancels its job."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -19,6 +20,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from specdec.adjustments import check_bias
 from specdec.config import SEED_RANGE, Constraint, SamplingParams, SpecConfig
+from specdec.drafters.recipe import with_prediction
 from specdec.engine import Chunk
 from specdec.grammar import Grammar
 from specdec.prompting import NO_FIM, checked_ids, encode_prompt, fim_ids, fim_markers
@@ -160,8 +162,23 @@ class Service:
             echo = responses.Echo(text, prompt_ids[0])
         loop = asyncio.get_running_loop()
         drafter = body.drafter or self.default_drafter
+        prediction = None
+        if body.prediction is not None and spec.k != 0:
+            encode_text = functools.partial(
+                self.scheduler.tokenizer.encode, add_special_tokens=False
+            )
+            prediction = await run_in_threadpool(encode_text, body.prediction.text()) or None
+            if prediction is not None:
+                drafter = with_prediction(drafter)
         jobs = [
-            Job(prompt_ids, replace(params, seed=choice_seed(params.seed, i)), spec, drafter, loop)
+            Job(
+                prompt_ids,
+                replace(params, seed=choice_seed(params.seed, i)),
+                spec,
+                drafter,
+                loop,
+                prediction=prediction,
+            )  # fmt: skip
             for i in range(made)
         ]
         self.submit(jobs)
