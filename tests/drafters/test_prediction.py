@@ -10,6 +10,7 @@ from helpers import backend, random_ids
 from specdec import Engine, SamplingParams, SpecConfig
 from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
 from specdec.drafters import FallbackDrafter, ModelDrafter, PredictionDrafter
+from specdec.drafters.prediction import Prediction
 from specdec.drafters.recipe import with_prediction
 
 PROMPT = [1, 2, 3]
@@ -51,9 +52,13 @@ def test_repeated_lines_are_followed_in_order():
     assert proposed(drafter, [5, 7, 8, 20, 21, 7, 8]) == [22, 23, 7]  # longest match wins
 
 
-def test_min_ngram_is_checked():
+def test_min_ngram_is_checked_and_one_index_serves_several_drafters():
     with pytest.raises(ValueError, match="min_ngram"):
-        PredictionDrafter([1, 2], prompt_tokens=0, min_ngram=0)
+        Prediction([1, 2], min_ngram=0)
+    indexed = Prediction([10, 11, 12, 13])
+    first, second = PredictionDrafter(indexed, 3), PredictionDrafter(indexed, 3)
+    assert proposed(first, [10, 99, 11, 12]) == [13]
+    assert proposed(second, []) == [10, 11, 12]  # its own place in it
 
 
 def test_with_prediction_puts_it_in_front_of_each_chain():

@@ -182,6 +182,8 @@ def test_an_abandoned_request_frees_its_slots(slow_model, n, stream):
         ({"prompt": [[1], [2]]}, "prompt"),
         ({"prompt": [1, "a"]}, "prompt"),
         ({"prompt": [1, True]}, "prompt"),
+        ({"prompt": "hi", "prediction": {"type": "content", "content": "a" * 400}}, "prediction"),
+        ({"prompt": "hi", "prediction": {"type": "text", "content": "ab"}}, "prediction.type"),
     ],
 )
 def test_bad_fields_are_named_in_an_openai_error(server, body, param):

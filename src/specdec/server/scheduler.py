@@ -34,7 +34,7 @@ from specdec.backends.hf import model_of
 from specdec.config import DEFAULT_MAX_ROWS, DEFAULT_PREFILL_ROWS, SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
 from specdec.drafters import Drafter
-from specdec.drafters.prediction import PredictionDrafter
+from specdec.drafters.prediction import Prediction, PredictionDrafter
 from specdec.drafters.recipe import (
     DraftSources,
     available_recipes,
@@ -68,9 +68,9 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
     checked: float = 0.0  # when the handler last looked whether the client is still there
-    # the request's predicted output (token ids): drafts in front of ``drafter``, whose
-    # recipe then begins with "prediction" (``recipe.with_prediction``)
-    prediction: list[int] | None = None
+    # the request's predicted output: drafts in front of ``drafter``, whose recipe then
+    # begins with "prediction" (``recipe.with_prediction``); one index for all its choices
+    prediction: Prediction | None = None
 
     def put(self, item: Chunk | Exception | None) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)

@@ -6,7 +6,6 @@ cancels its job."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -20,6 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from specdec.adjustments import check_bias
 from specdec.config import SEED_RANGE, Constraint, SamplingParams, SpecConfig
+from specdec.drafters.prediction import Prediction
 from specdec.drafters.recipe import with_prediction
 from specdec.engine import Chunk
 from specdec.grammar import Grammar
@@ -154,20 +154,12 @@ class Service:
         except ValueError as error:
             raise ApiError(400, str(error), "prompt") from None
         self.check_length(prompt_ids)
-        echo = None
-        if isinstance(body, CompletionRequest) and body.echo:
-            given = body.prompt_text()  # None: given as token ids
-            decode = self.scheduler.tokenizer.decode
-            text = given if given is not None else await run_in_threadpool(decode, prompt_ids)
-            echo = responses.Echo(text, prompt_ids[0])
+        echo = await self.echo(body, prompt_ids)
         loop = asyncio.get_running_loop()
         drafter = body.drafter or self.default_drafter
         prediction = None
         if body.prediction is not None and spec.k != 0:
-            encode_text = functools.partial(
-                self.scheduler.tokenizer.encode, add_special_tokens=False
-            )
-            prediction = await run_in_threadpool(encode_text, body.prediction.text()) or None
+            prediction = await run_in_threadpool(self.indexed, body.prediction.text())
             if prediction is not None:
                 drafter = with_prediction(drafter)
         jobs = [
@@ -227,6 +219,26 @@ class Service:
             echo,
             made_choices,
         )
+
+    async def echo(self, body: CompletionBody, prompt_ids: list[int]) -> responses.Echo | None:
+        """The prompt a completion with ``echo`` repeats: its text as given (prompt ids are
+        decoded, off the event loop)."""
+        if not isinstance(body, CompletionRequest) or not body.echo:
+            return None
+        given = body.prompt_text()  # None: given as token ids
+        decode = self.scheduler.tokenizer.decode
+        text = given if given is not None else await run_in_threadpool(decode, prompt_ids)
+        return responses.Echo(text, prompt_ids[0])
+
+    def indexed(self, text: str) -> Prediction | None:
+        """A predicted output's tokens, indexed (None for an empty one); no longer than a
+        prompt may be (the output cannot be longer than the context either)."""
+        token_ids = self.scheduler.tokenizer.encode(text, add_special_tokens=False)
+        limit = self.limits.max_prompt_tokens or self.scheduler.max_length
+        if limit is not None and len(token_ids) > limit:
+            message = f"prediction has {len(token_ids)} tokens; this server takes at most {limit}"
+            raise ApiError(400, message, "prediction")
+        return Prediction(token_ids) if token_ids else None
 
     def made(self, body: CompletionBody) -> int:
         """How many completions the request makes: ``best_of`` (>= n; not streamed), else
