@@ -606,6 +606,25 @@ def test_generate_with_a_prediction_drafts_it_and_keeps_plain_decodings_text(
     assert "--prediction: cannot read" in capsys.readouterr().err
 
 
+def test_generate_ignore_eos_and_stop_token_ids(model_dirs, capsys):
+    """--ignore-eos runs to --max-tokens; --stop-token-id ends the output at the first such
+    token (kept in the tokens, not in the text); an id outside the vocabulary is an error."""
+    target, draft = model_dirs
+    args = ["generate", "hello", "--target", str(target), "--draft", str(draft), "--raw"]
+    args += ["--temperature", "0", "--max-tokens", "20", "--dtype", "int8", "--json"]
+    assert main([*args, "--ignore-eos"]) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert len(free["token_ids"]) == 20
+    stop_id = free["token_ids"][7]
+    first = free["token_ids"].index(stop_id)
+    assert main([*args, "--ignore-eos", "--stop-token-id", str(stop_id), "--compare"]) == 0
+    cut = json.loads(capsys.readouterr().out)
+    assert cut["token_ids"] == free["token_ids"][: first + 1] and cut["finish_reason"] == "stop"
+    assert cut["text"] == free["text"][:first] and cut["compare"]["identical"] is True
+    assert main([*args, "--stop-token-id", "999"]) == 2
+    assert "stop_token_ids names ids outside the vocabulary" in capsys.readouterr().err
+
+
 def test_generate_with_penalties_and_a_bias_is_plain_decodings_text(model_dirs, capsys):
     """--presence-penalty, --frequency-penalty, --repetition-penalty and --logit-bias change
     the text (a -100 bias bans its token), speculation keeps plain decoding's; a bias that is

@@ -110,6 +110,33 @@ def test_eos_ends_with_stop(engine, tokenizer, target_model):
     assert out.finish_reason == "stop" and out.token_ids[-1] == reference.token_ids[5]
 
 
+@pytest.mark.parametrize("k", [0, 2, 5])
+def test_a_stop_token_id_ends_the_output_as_eos_does_and_shows_no_text(engine, plain, tokenizer, k):
+    """stop_token_ids (vLLM's): the output ends at the first one, which is kept in the
+    tokens and left out of the text; drafts past it are dropped; ignore_eos does not ignore
+    it. Speculation gives plain decoding's output."""
+    free = plain.generate(tokenizer.encode("hello"), GREEDY)
+    stop_id = free.token_ids[12]
+    first = free.token_ids.index(stop_id)
+    params = replace(GREEDY, stop_token_ids=(stop_id,))  # ignore_eos=True
+    out = engine.generate(tokenizer.encode("hello"), params, SpecConfig(k=k))
+    assert out.finish_reason == "stop" and out.token_ids == free.token_ids[: first + 1]
+    assert out.text == tokenizer.decode(free.token_ids[:first]) == free.text[:first]
+    streamed = list(engine.stream(tokenizer.encode("hello"), params, SpecConfig(k=k)))
+    assert "".join(c.text for c in streamed) == out.text
+
+
+@pytest.mark.parametrize("bad", [[-1], [True], ["3"], 5, "12"])
+def test_bad_stop_token_ids_are_refused(bad):
+    with pytest.raises(ValueError, match="stop_token_ids must be token ids"):
+        SamplingParams(stop_token_ids=bad)
+
+
+def test_stop_token_ids_outside_the_vocabulary_are_named(engine, tokenizer):
+    with pytest.raises(ValueError, match=r"stop_token_ids names ids outside .*\[99\]"):
+        engine.generate([3, 4], SamplingParams(stop_token_ids=(99,)))
+
+
 SAMPLED = SamplingParams(max_tokens=30, temperature=0.9, top_k=10, seed=1234, ignore_eos=True)
 
 

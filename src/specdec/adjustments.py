@@ -46,13 +46,15 @@ def adjusts(params: SamplingParams) -> bool:
     )
 
 
-def check_bias(params: SamplingParams, vocab_size: int) -> None:
-    """ValueError naming the ``logit_bias`` keys outside a vocabulary of ``vocab_size``."""
-    outside = [token for token in params.token_bias if token >= vocab_size]
-    if outside:
-        raise ValueError(
-            f"logit_bias names ids outside the vocabulary [0, {vocab_size}): {outside[:5]}"
-        )
+def check_token_ids(params: SamplingParams, vocab_size: int) -> None:
+    """ValueError naming the ``logit_bias`` keys (or ``stop_token_ids``) outside a
+    vocabulary of ``vocab_size``."""
+    for name, ids in (("logit_bias", params.token_bias), ("stop_token_ids", params.stop_token_ids)):
+        outside = [token for token in ids if token >= vocab_size]
+        if outside:
+            raise ValueError(
+                f"{name} names ids outside the vocabulary [0, {vocab_size}): {outside[:5]}"
+            )
 
 
 def row_paths(token_ids: Sequence[int], parents: Sequence[int] | None) -> list[list[int]]:

@@ -7,7 +7,7 @@ server can show the message as is.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -66,7 +66,9 @@ class SamplingParams:
     tokens, each given the ones before it (the first has none): the target's prefill then
     keeps every row's logits (``Output.prompt_logprobs``).
     ``constraint``: the output follows the target's distribution restricted to what the
-    grammar allows (``grammar.py``); it ends when the grammar is complete.
+    grammar allows (``grammar.py``); it ends when the grammar is complete. ``stop_token_ids``
+    (vLLM's): tokens that end the output as EOS does (kept in ``token_ids``, not in the
+    text); ``ignore_eos`` ignores EOS but not them.
 
     ``logit_bias`` (token id -> a bias in [-100, 100], added to its logit; a mapping, kept as
     sorted pairs), ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]: a
@@ -83,6 +85,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     constraint: Constraint | None = None
@@ -134,6 +137,14 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        stop_ids = self.stop_token_ids
+        if (
+            isinstance(stop_ids, str | bytes)
+            or not isinstance(stop_ids, Collection)
+            or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in stop_ids)
+        ):
+            raise ValueError(f"stop_token_ids must be token ids (integers >= 0), got {stop_ids!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(sorted(set(stop_ids))))
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)

@@ -12,16 +12,26 @@ _INCOMPLETE = "\ufffd"
 
 
 class Detokenizer:
-    def __init__(self, tokenizer: Any | None, stop: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        tokenizer: Any | None,
+        stop: tuple[str, ...] = (),
+        stop_token_ids: tuple[int, ...] = (),
+    ):
+        """``stop_token_ids``: tokens that end an output and stand for no text there (as
+        EOS, a special token, does)."""
         if stop and tokenizer is None:
             raise ValueError("stop strings need a tokenizer: pass one to the target backend")
         self.tokenizer = tokenizer
         self.stop = stop
+        self.stop_token_ids = frozenset(stop_token_ids)
         self.emitted_chars = 0
 
     def decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
             return ""
+        if token_ids and token_ids[-1] in self.stop_token_ids:  # only the last can be one
+            token_ids = token_ids[:-1]
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def update(self, token_ids: list[int], num_new: int) -> tuple[int, str, bool]:

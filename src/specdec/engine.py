@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from specdec.adjustments import DraftRows, adjusted, adjusts, check_bias, columns, row_paths
+from specdec.adjustments import DraftRows, adjusted, adjusts, check_token_ids, columns, row_paths
 from specdec.backends.base import Backend, held_prefix, sync_cache, sync_cache_scoring_last
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
@@ -137,8 +137,9 @@ class Engine:
         params = params or SamplingParams()
         spec = spec or SpecConfig()
         prompt = self._check_prompt(prompt_ids)
-        check_bias(params, self.target.vocab_size)
-        return Run(self, prompt, params, spec, Detokenizer(self.target.tokenizer, params.stop))
+        check_token_ids(params, self.target.vocab_size)
+        detokenizer = Detokenizer(self.target.tokenizer, params.stop, params.stop_token_ids)
+        return Run(self, prompt, params, spec, detokenizer)
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
         prompt = [int(t) for t in prompt_ids]
@@ -541,7 +542,7 @@ class Run:
         remaining = self.params.max_tokens - len(self.generated)
         emitted = result.token_ids[:remaining]
         finish_reason = None
-        eos_at = self._first_eos(emitted)
+        eos_at = self._first_end(emitted)
         if eos_at is not None:
             emitted, finish_reason = emitted[: eos_at + 1], "stop"
         if self.grammar is not None:
@@ -586,11 +587,14 @@ class Run:
             prompt_logprobs=prompt_logprobs,
         )
 
-    def _first_eos(self, token_ids: list[int]) -> int | None:
-        if self.params.ignore_eos and self.grammar is None:  # a grammar ends at its EOS
-            return None
+    def _first_end(self, token_ids: list[int]) -> int | None:
+        """Where the first token that ends the output is: EOS (unless ignored; a grammar
+        ends at its EOS), or one of ``stop_token_ids``."""
+        ends = set(self.params.stop_token_ids)
+        if not self.params.ignore_eos or self.grammar is not None:
+            ends |= self.target.eos_token_ids
         for i, token_id in enumerate(token_ids):
-            if token_id in self.target.eos_token_ids:
+            if token_id in ends:
                 return i
         return None
 

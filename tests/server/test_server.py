@@ -348,6 +348,23 @@ def test_a_predicted_output_drafts_and_the_answer_stays_the_engines(client, mode
     assert plain.usage.completion_tokens_details.accepted_prediction_tokens == 0
 
 
+def test_ignore_eos_and_stop_token_ids_are_the_engines(client, models):
+    """vLLM's ignore_eos runs to max_tokens; stop_token_ids end the output at the first
+    one, left out of the text; both as the engine alone, streamed or not."""
+    kwargs = dict(model=MODEL, prompt="hello", max_tokens=30, temperature=0)
+    free = client.completions.create(**kwargs, extra_body={"ignore_eos": True})
+    expected = alone(models, "hello", 30, k=3, ignore_eos=True)
+    assert free.choices[0].text == expected.text and free.usage.completion_tokens == 30
+    stop_id = expected.token_ids[9]
+    extra = {"ignore_eos": True, "stop_token_ids": [stop_id]}
+    cut = client.completions.create(**kwargs, extra_body=extra)
+    first = expected.token_ids.index(stop_id)
+    assert cut.choices[0].text == expected.text[:first]  # one character a token
+    assert cut.choices[0].finish_reason == "stop" and cut.usage.completion_tokens == first + 1
+    streamed = client.completions.create(**kwargs, extra_body=extra, stream=True)
+    assert "".join(p.choices[0].text for p in streamed if p.choices) == expected.text[:first]
+
+
 def test_n_chat_choices_greedy_are_all_the_one_answer(client, models):
     messages = [{"role": "user", "content": "say hi"}]
     kwargs = dict(model=MODEL, messages=messages, max_tokens=12, temperature=0, n=2)

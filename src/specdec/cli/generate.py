@@ -202,6 +202,21 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument(
+        "--stop-token-id",
+        dest="stop_token_ids",
+        type=int,
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a token id that ends the output as EOS does, not shown in the text (repeatable)",
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="EOS does not end the output (it runs to --max-tokens, a stop string or a "
+        "--stop-token-id): for benchmarks of a fixed length",
+    )
+    p.add_argument(
         "--prediction",
         metavar="FILE",
         help="predicted output (OpenAI's): a text the output is expected to be, mostly (a "
@@ -328,6 +343,8 @@ def run(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         stop=tuple(args.stop),
+        stop_token_ids=tuple(args.stop_token_ids),
+        ignore_eos=args.ignore_eos,
         logprobs=args.logprobs,
         prompt_logprobs=args.prompt_logprobs,
         constraint=constraint_of(args),

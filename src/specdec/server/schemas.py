@@ -108,6 +108,13 @@ class _Common(_Strict):
         default=None,
         description="predicted output: its tokens are drafted while the output follows it",
     )
+    # vLLM's extensions to end the output
+    ignore_eos: bool = Field(default=False, description="extension: EOS does not end the output")
+    stop_token_ids: list[int] | None = Field(
+        default=None,
+        max_length=256,
+        description="extension: token ids that end the output as EOS does (not in the text)",
+    )
     # Extensions for speculation (vLLM calls the first one num_speculative_tokens too).
     num_speculative_tokens: int | Literal["auto"] | None = None
     drafter: str | None = None

@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 
-from specdec.adjustments import check_bias
+from specdec.adjustments import check_token_ids
 from specdec.config import SEED_RANGE, Constraint, SamplingParams, SpecConfig
 from specdec.drafters.prediction import Prediction
 from specdec.drafters.recipe import with_prediction
@@ -118,6 +118,8 @@ class Service:
                 top_p=body.top_p,
                 seed=body.seed,
                 stop=body.stop_strings(),
+                ignore_eos=body.ignore_eos,
+                stop_token_ids=tuple(body.stop_token_ids or ()),
                 logprobs=body.logprobs_wanted(),
                 prompt_logprobs=body.prompt_logprobs_wanted(),
                 constraint=constraint,
@@ -129,9 +131,9 @@ class Service:
         except ValueError as error:  # SamplingParams' messages start with the field's name
             raise ApiError(400, str(error), str(error).split()[0]) from None
         try:
-            check_bias(params, self.scheduler.target_model.vocab_size)
-        except ValueError as error:
-            raise ApiError(400, str(error), "logit_bias") from None
+            check_token_ids(params, self.scheduler.target_model.vocab_size)
+        except ValueError as error:  # the message starts with the field's name
+            raise ApiError(400, str(error), str(error).split()[0]) from None
         return params
 
     def spec(self, body: CompletionBody) -> SpecConfig:
