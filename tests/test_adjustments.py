@@ -25,8 +25,10 @@ import torch
 import specdec.engine
 from helpers import VOCAB, assert_same_distribution, backend, decode_together
 from specdec import Engine, SamplingParams, SpecConfig
-from specdec.adjustments import DraftRows, adjusted, adjusts, columns, row_paths
+from specdec.adjustments import DraftRows, adjusted, adjusts, columns, held_back, row_paths
+from specdec.backends.hf import HFModel
 from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
+from specdec.config import Constraint
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
 from specdec.sampling import logits_to_probs
 from test_engine_statistical import DRAWS, pair, prompt  # noqa: F401
@@ -381,3 +383,142 @@ def test_drafts_left_out_of_the_counts_are_caught(pair, prompt, joint, monkeypat
     outputs, _ = sampled_outputs(engine, prompt, STRONG, "rejection")
     with pytest.raises(AssertionError, match="differs|impossible"):
         assert_follows(outputs, joint)
+
+
+# ---- min_tokens (vLLM's): no end before that many tokens ----------------------------------------
+
+
+def test_held_back_rows_by_hand():
+    logits = torch.zeros(4, 5)
+    out = held_back(logits, [0, 3], written=[2, 3, 4, 5], min_tokens=4)
+    assert torch.isinf(out[:2, [0, 3]]).all() and (out[:2, [1, 2, 4]] == 0).all()
+    assert (out[2:] == 0).all() and (logits == 0).all()  # a copy; rows from 4 on untouched
+    assert held_back(logits, [0], written=[4, 5, 6, 7], min_tokens=4) is logits
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"min_tokens": -1}, "min_tokens must be in"),
+        ({"min_tokens": 65}, r"min_tokens must be in \[0, max_tokens = 64\]"),
+        ({"min_tokens": True}, "min_tokens must be an integer"),
+        ({"min_tokens": 2, "constraint": Constraint("json_object")}, "not combined"),
+    ],
+)
+def test_bad_min_tokens_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**fields)
+
+
+def early_end(target_model, prompt_ids) -> tuple[HFModel, int]:
+    """A backend of the target whose EOS is a token its greedy output gives at position 2."""
+    target = backend(target_model)
+    free = Engine(target).generate(
+        prompt_ids, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    )
+    target.eos_token_ids = frozenset({free.token_ids[2]})
+    return target, free.token_ids[2]
+
+
+@pytest.mark.parametrize("runtime", ["float32", "int8", "int4"])
+def test_greedy_with_min_tokens_equals_plain_for_every_k(target_model, draft_model, runtime):
+    """EOS (and a stop token) held back until min_tokens: plain decoding then runs past
+    where it would have ended; speculation gives its tokens for k 1-8 and auto, chains and
+    (int8/int4) trees."""
+    convert = {"int8": make_int8_batch_invariant, "int4": make_int4_batch_invariant}
+    model, draft_model_ = target_model, draft_model
+    if runtime in convert:
+        model = convert[runtime](copy.deepcopy(target_model))
+        draft_model_ = convert[runtime](copy.deepcopy(draft_model))
+    prompt_ids = PROMPTS["short"]
+    target, eos = early_end(model, prompt_ids)
+    params = SamplingParams(max_tokens=24, temperature=0.0, min_tokens=12, stop_token_ids=(7,))
+    expected = Engine(target).generate(prompt_ids, params)
+    unheld = Engine(target).generate(prompt_ids, replace(params, min_tokens=0))
+    assert len(unheld.token_ids) <= 3, "the end must come early, or nothing is held back"
+    assert len(expected.token_ids) >= 12 and eos not in expected.token_ids[:11]
+    assert 7 not in expected.token_ids[:11]
+    speculative = Engine(target, ModelDrafter(backend(draft_model_)))
+    for k in [*range(1, 9), "auto"]:
+        assert speculative.generate(prompt_ids, params, SpecConfig(k=k)).token_ids == (
+            expected.token_ids
+        ), f"k = {k}"
+    if runtime != "float32":
+        tree = speculative.generate(prompt_ids, params, SpecConfig(k=4, tree="full"))
+        assert tree.token_ids == expected.token_ids
+
+
+def test_a_stop_string_before_min_tokens_does_not_end_the_output(target_model, tokenizer):
+    engine = Engine(backend(target_model, tokenizer))
+    free = engine.generate([3, 4], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    stop = free.text[2:4]
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, stop=(stop,))
+    assert engine.generate([3, 4], params).text == free.text[:2]
+    later = free.text.find(stop, 10 - len(stop) + 1)
+    held = engine.generate([3, 4], replace(params, min_tokens=10))
+    assert held.text == (free.text[:later] if later >= 0 else free.text)
+
+
+def exact_held_joint(model, prompt_ids, end_id: int, min_tokens: int) -> np.ndarray:
+    """P(t1, t2, t3) of the target at temperature 1 with ``end_id`` held back at the first
+    ``min_tokens`` positions, by enumeration  # [V, V, V]."""
+
+    def probs(logits, position):
+        logits = logits.float().clone()
+        if position < min_tokens:
+            logits[:, end_id] = -torch.inf
+        return torch.softmax(logits, dim=-1).double()
+
+    with torch.inference_mode():
+        first = probs(model(torch.tensor([prompt_ids])).logits[:, -1], 0)[0]
+        pairs = torch.tensor([prompt_ids + [x] for x in range(VOCAB)])
+        second = probs(model(pairs).logits[:, -1], 1)
+        triples = torch.tensor([prompt_ids + [x, y] for x in range(VOCAB) for y in range(VOCAB)])
+        third = probs(model(triples).logits[:, -1], 2)
+    joint = first[:, None, None] * second[:, :, None] * third.reshape(VOCAB, VOCAB, VOCAB)
+    return joint.numpy()
+
+
+def held_outputs(pair, prompt_ids, verification):  # noqa: F811
+    """DRAWS seeded outputs of 3 tokens, min_tokens 2, the end token the one likeliest
+    third (so that it is often held back at the first two, and often taken at the third)."""
+    target = backend(pair[0])
+    end_id = int(exact_held_joint(pair[0], prompt_ids, 0, 0).sum(axis=(0, 1)).argmax())
+    target.eos_token_ids = frozenset({end_id})
+    engine = Engine(target, ModelDrafter(backend(pair[1])))
+    params = SamplingParams(max_tokens=3, temperature=1.0, min_tokens=2)
+    outputs, stats = sampled_outputs(engine, prompt_ids, params, verification)
+    return outputs, stats, end_id
+
+
+def assert_marginals(outputs, joint) -> None:
+    counts = np.zeros((3, VOCAB))
+    for out in outputs:
+        assert len(out) == 3, "no end before min_tokens, max_tokens 3"
+        for position, token in enumerate(out):
+            counts[position, token] += 1
+    marginals = [joint.sum(axis=(1, 2)), joint.sum(axis=(0, 2)), joint.sum(axis=(0, 1))]
+    for position in range(3):
+        assert_same_distribution(counts[position], marginals[position])
+
+
+@pytest.mark.parametrize("verification", ["rejection", "coupled"])
+def test_sampled_output_with_min_tokens_follows_the_held_back_target(pair, prompt, verification):  # noqa: F811
+    outputs, stats, end_id = held_outputs(pair, prompt, verification)
+    assert stats.accepted_tokens > 50 and stats.acceptance_rate < 0.98
+    assert all(end_id not in out[:2] for out in outputs)
+    joint = exact_held_joint(pair[0], prompt, end_id, 2)
+    assert joint.sum(axis=(0, 1))[end_id] > 0.02, "the end must be likely at position 3"
+    assert_marginals(outputs, joint)
+
+
+def test_min_tokens_counted_without_the_drafts_ahead_is_caught(pair, prompt, monkeypatch):  # noqa: F811
+    """Negative control: each row held back as if the drafts before it were not there (the
+    output's length at the round's start for every row): the end is then held back too
+    long, and the same check must fail."""
+    monkeypatch.setattr(
+        specdec.engine, "row_paths", lambda token_ids, parents: [[]] * (len(token_ids) + 1)
+    )
+    outputs, _, end_id = held_outputs(pair, prompt, "rejection")
+    with pytest.raises(AssertionError, match="differs|impossible"):
+        assert_marginals(outputs, exact_held_joint(pair[0], prompt, end_id, 2))

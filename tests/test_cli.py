@@ -608,7 +608,8 @@ def test_generate_with_a_prediction_drafts_it_and_keeps_plain_decodings_text(
 
 def test_generate_ignore_eos_and_stop_token_ids(model_dirs, capsys):
     """--ignore-eos runs to --max-tokens; --stop-token-id ends the output at the first such
-    token (kept in the tokens, not in the text); an id outside the vocabulary is an error."""
+    token (kept in the tokens, not in the text), not before --min-tokens; an id outside the
+    vocabulary, or --min-tokens past --max-tokens, is an error."""
     target, draft = model_dirs
     args = ["generate", "hello", "--target", str(target), "--draft", str(draft), "--raw"]
     args += ["--temperature", "0", "--max-tokens", "20", "--dtype", "int8", "--json"]
@@ -621,6 +622,12 @@ def test_generate_ignore_eos_and_stop_token_ids(model_dirs, capsys):
     cut = json.loads(capsys.readouterr().out)
     assert cut["token_ids"] == free["token_ids"][: first + 1] and cut["finish_reason"] == "stop"
     assert cut["text"] == free["text"][:first] and cut["compare"]["identical"] is True
+    held = [*args, "--ignore-eos", "--stop-token-id", str(stop_id), "--min-tokens", str(first + 3)]
+    assert main([*held, "--compare"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["token_ids"]) > first + 3 and result["compare"]["identical"] is True
+    assert main([*args, "--min-tokens", "21"]) == 2
+    assert "min_tokens must be in [0, max_tokens = 20]" in capsys.readouterr().err
     assert main([*args, "--stop-token-id", "999"]) == 2
     assert "stop_token_ids names ids outside the vocabulary" in capsys.readouterr().err
 

@@ -159,6 +159,24 @@ def adjusted(
     return out
 
 
+def held_back(
+    logits: torch.Tensor,  # [rows, vocab]
+    end_ids: Sequence[int],
+    written: Sequence[int],  # the output's length before each row's token
+    min_tokens: int,
+) -> torch.Tensor:
+    """``min_tokens`` (vLLM's): the rows whose token would come before the output has
+    ``min_tokens`` tokens get -inf at the tokens that would end it (``end_ids``: EOS and
+    the stop tokens; a copy, float32). Each element on its own: a row's values are the same
+    bits in a verify pass as in a plain step."""
+    short = [row for row, length in enumerate(written[: logits.shape[0]]) if length < min_tokens]
+    if not short or not end_ids:
+        return logits
+    out = logits.detach().float().clone()
+    out[torch.tensor(short)[:, None], torch.tensor(list(end_ids))[None, :]] = -torch.inf
+    return out
+
+
 def _counted(params: SamplingParams) -> bool:
     return params.presence_penalty != 0 or params.frequency_penalty != 0
 

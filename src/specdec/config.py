@@ -68,7 +68,9 @@ class SamplingParams:
     ``constraint``: the output follows the target's distribution restricted to what the
     grammar allows (``grammar.py``); it ends when the grammar is complete. ``stop_token_ids``
     (vLLM's): tokens that end the output as EOS does (kept in ``token_ids``, not in the
-    text); ``ignore_eos`` ignores EOS but not them.
+    text); ``ignore_eos`` ignores EOS but not them. ``min_tokens`` (vLLM's): EOS and those
+    tokens cannot end the output before it has that many tokens, nor a stop string that
+    ends within their text (not with a ``constraint``, which may need EOS sooner).
 
     ``logit_bias`` (token id -> a bias in [-100, 100], added to its logit; a mapping, kept as
     sorted pairs), ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]: a
@@ -86,6 +88,7 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     constraint: Constraint | None = None
@@ -137,6 +140,16 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int):
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}"
+            )
+        if self.min_tokens and self.constraint is not None:
+            raise ValueError(
+                "min_tokens is not combined with a constraint (a grammar may end sooner)"
+            )
         stop_ids = self.stop_token_ids
         if (
             isinstance(stop_ids, str | bytes)

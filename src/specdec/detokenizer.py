@@ -17,14 +17,17 @@ class Detokenizer:
         tokenizer: Any | None,
         stop: tuple[str, ...] = (),
         stop_token_ids: tuple[int, ...] = (),
+        min_tokens: int = 0,
     ):
         """``stop_token_ids``: tokens that end an output and stand for no text there (as
-        EOS, a special token, does)."""
+        EOS, a special token, does). ``min_tokens``: a stop string ends the output only
+        where it ends past the text of the first ``min_tokens`` tokens (vLLM's rule)."""
         if stop and tokenizer is None:
             raise ValueError("stop strings need a tokenizer: pass one to the target backend")
         self.tokenizer = tokenizer
         self.stop = stop
         self.stop_token_ids = frozenset(stop_token_ids)
+        self.min_tokens = min_tokens
         self.emitted_chars = 0
 
     def decode(self, token_ids: list[int]) -> str:
@@ -40,7 +43,7 @@ class Detokenizer:
         Returns (how many ids to keep, text to emit now, whether a stop string ended it).
         """
         text = self.decode(token_ids)
-        stop_at = self._find_stop(text)
+        stop_at = self._find_stop(text, token_ids)
         if stop_at is not None:
             keep = self._tokens_through_stop(token_ids, num_new)
             return keep, self._emit(text[:stop_at]), True
@@ -55,14 +58,21 @@ class Detokenizer:
         self.emitted_chars = max(self.emitted_chars, len(visible))
         return delta
 
-    def _find_stop(self, text: str) -> int | None:
-        hits = [pos for pos in (text.find(s) for s in self.stop) if pos >= 0]
+    def _find_stop(self, text: str, token_ids: list[int]) -> int | None:
+        """Where the first stop string in ``text`` (of ``token_ids``) begins, of those that
+        end past the first ``min_tokens`` tokens' text."""
+        if not self.stop or len(token_ids) <= self.min_tokens:
+            return None
+        floor = len(self.decode(token_ids[: self.min_tokens])) if self.min_tokens else 0
+        found = (text.find(s, max(floor - len(s) + 1, 0)) for s in self.stop)
+        hits = [pos for pos in found if pos >= 0]
         return min(hits) if hits else None
 
     def _tokens_through_stop(self, token_ids: list[int], num_new: int) -> int:
         """The fewest ids whose text already contains a stop string."""
         for keep in range(len(token_ids) - num_new + 1, len(token_ids) + 1):
-            if self._find_stop(self.decode(token_ids[:keep])) is not None:
+            prefix = token_ids[:keep]
+            if self._find_stop(self.decode(prefix), prefix) is not None:
                 return keep
         return len(token_ids)
 

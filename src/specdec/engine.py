@@ -19,7 +19,15 @@ from typing import Any
 
 import torch
 
-from specdec.adjustments import DraftRows, adjusted, adjusts, check_token_ids, columns, row_paths
+from specdec.adjustments import (
+    DraftRows,
+    adjusted,
+    adjusts,
+    check_token_ids,
+    columns,
+    held_back,
+    row_paths,
+)
 from specdec.backends.base import Backend, held_prefix, sync_cache, sync_cache_scoring_last
 from specdec.config import SamplingParams, SpecConfig
 from specdec.controller import BatchDrafting, KPolicy
@@ -138,7 +146,9 @@ class Engine:
         spec = spec or SpecConfig()
         prompt = self._check_prompt(prompt_ids)
         check_token_ids(params, self.target.vocab_size)
-        detokenizer = Detokenizer(self.target.tokenizer, params.stop, params.stop_token_ids)
+        detokenizer = Detokenizer(
+            self.target.tokenizer, params.stop, params.stop_token_ids, params.min_tokens
+        )
         return Run(self, prompt, params, spec, detokenizer)
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
@@ -200,6 +210,12 @@ class Run:
                 params.constraint, self.target.tokenizer, self.target.vocab_size,
                 self.target.eos_token_ids,
             )  # fmt: skip
+        # the tokens that end the output: EOS (unless ignored; a grammar ends at its EOS) and
+        # the stop tokens
+        ends = set(params.stop_token_ids)
+        if not params.ignore_eos or self.grammar is not None:
+            ends |= self.target.eos_token_ids
+        self.end_ids = sorted(ends)
         self.forced_drafts = spec.forced_drafts and spec.k != 0
         # Rounds the target scores alone (``propose``, not a batch's) draft trees
         self.tree = spec.tree != "off" and engine.drafter is not None and spec.k != 0
@@ -504,6 +520,10 @@ class Run:
         if self.adjusts:  # the distribution plain decoding samples with them, row by row
             paths = row_paths(token_ids, proposal.parents)
             logits = adjusted(logits, self.params, self.columns, paths)
+        if len(self.generated) < self.params.min_tokens:  # no end yet, row by row
+            paths = row_paths(token_ids, proposal.parents)
+            written = [len(self.generated) + len(path) for path in paths]
+            logits = held_back(logits, self.end_ids, written, self.params.min_tokens)
         if proposal.parents is not None:
             return self._verify_tree(proposal, logits)
         if self.grammar is not None:  # rows masked; drafts after a forbidden one dropped
@@ -590,11 +610,8 @@ class Run:
     def _first_end(self, token_ids: list[int]) -> int | None:
         """Where the first token that ends the output is: EOS (unless ignored; a grammar
         ends at its EOS), or one of ``stop_token_ids``."""
-        ends = set(self.params.stop_token_ids)
-        if not self.params.ignore_eos or self.grammar is not None:
-            ends |= self.target.eos_token_ids
         for i, token_id in enumerate(token_ids):
-            if token_id in ends:
+            if token_id in self.end_ids:
                 return i
         return None
 

@@ -363,6 +363,11 @@ def test_ignore_eos_and_stop_token_ids_are_the_engines(client, models):
     assert cut.choices[0].finish_reason == "stop" and cut.usage.completion_tokens == first + 1
     streamed = client.completions.create(**kwargs, extra_body=extra, stream=True)
     assert "".join(p.choices[0].text for p in streamed if p.choices) == expected.text[:first]
+    held = client.completions.create(**kwargs, extra_body={**extra, "min_tokens": first + 5})
+    alone_held = alone(models, "hello", 30, k=3, ignore_eos=True, stop_token_ids=(stop_id,),
+                       min_tokens=first + 5)  # fmt: skip
+    assert held.choices[0].text == alone_held.text
+    assert held.usage.completion_tokens == len(alone_held.token_ids) > first + 5
 
 
 def test_n_chat_choices_greedy_are_all_the_one_answer(client, models):

@@ -185,6 +185,11 @@ def test_an_abandoned_request_frees_its_slots(slow_model, n, stream):
         ({"prompt": "hi", "stop_token_ids": [99999]}, "stop_token_ids"),
         ({"prompt": "hi", "stop_token_ids": [-1]}, "stop_token_ids"),
         ({"prompt": "hi", "ignore_eos": 1}, "ignore_eos"),
+        ({"prompt": "hi", "min_tokens": 9, "max_tokens": 8}, "min_tokens"),
+        (
+            {"prompt": "hi", "min_tokens": 2, "response_format": {"type": "json_object"}},
+            "min_tokens",
+        ),
         ({"prompt": "hi", "prediction": {"type": "content", "content": "a" * 400}}, "prediction"),
         ({"prompt": "hi", "prediction": {"type": "text", "content": "ab"}}, "prediction.type"),
     ],

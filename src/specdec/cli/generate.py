@@ -211,6 +211,15 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         help="a token id that ends the output as EOS does, not shown in the text (repeatable)",
     )
     p.add_argument(
+        "--min-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="neither EOS, a --stop-token-id nor a stop string ends the output before N "
+        "tokens (vLLM's min_tokens; exact: those tokens are held back in every row as plain "
+        "decoding holds them)",
+    )
+    p.add_argument(
         "--ignore-eos",
         action="store_true",
         help="EOS does not end the output (it runs to --max-tokens, a stop string or a "
@@ -345,6 +354,7 @@ def run(args: argparse.Namespace) -> int:
         stop=tuple(args.stop),
         stop_token_ids=tuple(args.stop_token_ids),
         ignore_eos=args.ignore_eos,
+        min_tokens=args.min_tokens,
         logprobs=args.logprobs,
         prompt_logprobs=args.prompt_logprobs,
         constraint=constraint_of(args),

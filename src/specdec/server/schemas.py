@@ -110,6 +110,12 @@ class _Common(_Strict):
     )
     # vLLM's extensions to end the output
     ignore_eos: bool = Field(default=False, description="extension: EOS does not end the output")
+    min_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="extension: neither EOS, nor a stop token or string, ends the output "
+        "before it has this many tokens",
+    )
     stop_token_ids: list[int] | None = Field(
         default=None,
         max_length=256,

@@ -119,6 +119,7 @@ class Service:
                 seed=body.seed,
                 stop=body.stop_strings(),
                 ignore_eos=body.ignore_eos,
+                min_tokens=body.min_tokens,
                 stop_token_ids=tuple(body.stop_token_ids or ()),
                 logprobs=body.logprobs_wanted(),
                 prompt_logprobs=body.prompt_logprobs_wanted(),
