@@ -7,6 +7,7 @@ from specdec.drafters.recipe import (
     available_recipes,
     build_drafter,
     describe_recipe,
+    in_front,
     parse_choice,
     parse_recipe,
 )
@@ -66,3 +67,11 @@ def test_a_choice_of_chains():
             parse_choice(bad)
     with pytest.raises(ValueError, match="needs eagle, which is not available"):
         build_drafter("lookup/eagle", {"lookup": PromptLookupDrafter})
+
+
+def test_a_kind_in_front_of_each_chain_that_lacks_it():
+    assert in_front("lookup", "model") == "lookup+model"
+    assert in_front("lookup", "lookup+model") == "lookup+model"
+    assert in_front("lookup", "model/eagle") == "lookup+model/lookup+eagle"
+    assert in_front("lookup", "none") == "lookup"
+    assert in_front("prediction", "lookup+model") == "prediction+lookup+model"

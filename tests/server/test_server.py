@@ -7,6 +7,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import openai
 import pytest
@@ -20,6 +21,8 @@ from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.config import Constraint
 from specdec.drafters import ModelDrafter
 from specdec.prompting import fim_ids
+from specdec.server.schemas import CompletionRequest
+from specdec.server.service import Service
 
 
 def test_completion_equals_the_engine_alone(client, models):
@@ -304,6 +307,17 @@ def test_suffix_fills_in_the_middle_with_the_models_markers(runtime):
         assert status == 400 and body["error"]["param"] == "echo", body
     finally:
         running.close()
+
+
+def test_a_fill_in_the_middle_drafts_with_prompt_lookup_in_front_by_default():
+    """The text after the cursor is in the prompt: a request with a suffix and no drafter
+    of its own gets lookup in front of the server's; one that names its drafter keeps it."""
+    service = SimpleNamespace(default_drafter="model")
+    fill = CompletionRequest(prompt="def f(", suffix="return x")
+    assert Service.recipe(service, fill) == "lookup+model"  # type: ignore[arg-type]
+    named = CompletionRequest(prompt="def f(", suffix="return x", drafter="model")
+    assert Service.recipe(service, named) == "model"  # type: ignore[arg-type]
+    assert Service.recipe(service, CompletionRequest(prompt="hi")) == "model"  # type: ignore[arg-type]
 
 
 def test_suffix_without_fim_markers_is_a_400(server):

@@ -64,16 +64,19 @@ def _parse_chain(chain: str) -> list[str]:
     return kinds
 
 
-def with_prediction(recipe: str) -> str:
-    """``recipe`` with a request's predicted output in front of each chain: 'lookup+model'
-    -> 'prediction+lookup+model'; 'model/eagle' -> 'prediction+model/prediction+eagle';
-    'none' -> 'prediction'."""
+def in_front(kind: str, recipe: str) -> str:
+    """``recipe`` with ``kind`` in front of each chain that lacks it: ('prediction',
+    'lookup+model') -> 'prediction+lookup+model'; ('lookup', 'model/eagle') ->
+    'lookup+model/lookup+eagle'; ('lookup', 'none') -> 'lookup'."""
     chains = parse_choice(recipe)
     if not chains:
-        return "prediction"
-    return "/".join(
-        chain if chain.startswith("prediction") else f"prediction+{chain}" for chain in chains
-    )
+        return kind
+    return "/".join(chain if kind in _parse_chain(chain) else f"{kind}+{chain}" for chain in chains)
+
+
+def with_prediction(recipe: str) -> str:
+    """``recipe`` with a request's predicted output in front of each chain."""
+    return in_front("prediction", recipe)
 
 
 def is_recipe(recipe: str) -> bool:
