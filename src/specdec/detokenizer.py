@@ -28,6 +28,7 @@ class Detokenizer:
         self.stop = stop
         self.stop_token_ids = frozenset(stop_token_ids)
         self.min_tokens = min_tokens
+        self._floor: int | None = None  # the first min_tokens tokens' text length, once known
         self.emitted_chars = 0
 
     def decode(self, token_ids: list[int]) -> str:
@@ -63,7 +64,9 @@ class Detokenizer:
         end past the first ``min_tokens`` tokens' text."""
         if not self.stop or len(token_ids) <= self.min_tokens:
             return None
-        floor = len(self.decode(token_ids[: self.min_tokens])) if self.min_tokens else 0
+        if self._floor is None:  # those tokens stay what they are once written
+            self._floor = len(self.decode(token_ids[: self.min_tokens])) if self.min_tokens else 0
+        floor = self._floor
         found = (text.find(s, max(floor - len(s) + 1, 0)) for s in self.stop)
         hits = [pos for pos in found if pos >= 0]
         return min(hits) if hits else None

@@ -517,11 +517,12 @@ class Run:
 
     def _verify(self, proposal: Proposal, logits: torch.Tensor) -> VerifyResult:
         token_ids, draft_probs = proposal.token_ids, proposal.draft_probs
+        held = len(self.generated) < self.params.min_tokens
+        if self.adjusts or held:  # each row follows the drafts on its path
+            paths = row_paths(token_ids, proposal.parents)
         if self.adjusts:  # the distribution plain decoding samples with them, row by row
-            paths = row_paths(token_ids, proposal.parents)
             logits = adjusted(logits, self.params, self.columns, paths)
-        if len(self.generated) < self.params.min_tokens:  # no end yet, row by row
-            paths = row_paths(token_ids, proposal.parents)
+        if held:  # no end yet, row by row
             written = [len(self.generated) + len(path) for path in paths]
             logits = held_back(logits, self.end_ids, written, self.params.min_tokens)
         if proposal.parents is not None:
