@@ -233,6 +233,41 @@ def test_echo_gives_the_prompt_and_its_logprobs_before_each_completion(client, m
         assert each.logprobs.token_logprobs[: len(ids)] == [None] + scored
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt_and_generates_nothing(client, models):
+    """OpenAI's way to score a text: echo with max_tokens 0 gives the prompt and its tokens'
+    logprobs (the engine's ``prompt_logprobs``), no completion, finish "length" and no
+    completion tokens; the same streamed, for each of n choices, and from token ids.
+    Without echo, max_tokens 0 is a 400."""
+    prompt = "hello world, hello there"
+    expected = alone(models, prompt, 1, k=0, prompt_logprobs=3)
+    scored = [None] + [e.logprob for e in expected.prompt_logprobs[1:]]
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=3)
+    whole = client.completions.create(**kwargs, n=2, temperature=0.8)
+    for index, choice in enumerate(whole.choices):
+        assert choice.index == index and choice.text == prompt
+        assert choice.finish_reason == "length"
+        assert choice.logprobs.token_logprobs == scored
+        assert all(len(top) == 3 for top in choice.logprobs.top_logprobs[1:])
+    assert whole.usage.completion_tokens == 0 and whole.usage.prompt_tokens == len(prompt)
+    assert whole.model_extra["spec_stats"]["drafted_tokens"] == 0
+    assert whole.model_extra["spec_stats"]["generated_tokens"] == 0
+    streamed = list(client.completions.create(**kwargs, stream=True))
+    parts = [p.choices[0] for p in streamed if p.choices]
+    assert "".join(p.text for p in parts) == prompt
+    assert [v for p in parts if p.logprobs for v in p.logprobs.token_logprobs] == scored
+    assert parts[-1].finish_reason == "length" and streamed[-1].usage.completion_tokens == 0
+    _, _, tokenizer = models
+    by_ids = client.completions.create(**{**kwargs, "prompt": tokenizer.encode(prompt)})
+    assert by_ids.choices[0].text == prompt
+    assert by_ids.choices[0].logprobs.token_logprobs == scored
+    bare = client.completions.create(**{**kwargs, "logprobs": None})
+    assert bare.choices[0].text == prompt and bare.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="max_tokens 0 goes with echo"):
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="min_tokens must be 0"):
+        client.completions.create(**kwargs, extra_body={"min_tokens": 2})
+
+
 def test_best_of_returns_the_n_completions_most_likely_per_token(client, models):
     """best_of: that many completions are made (choice i the request with seed + i alone);
     the n with the highest mean log-probability per token come back, best first, and the

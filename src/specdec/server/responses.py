@@ -101,18 +101,34 @@ def chat_logprobs(entries: list[TokenLogprob], text_of: TokenText) -> dict:
 
 @dataclass(frozen=True)
 class Echo:
-    """A prompt each choice of a completion repeats before its text (``echo``): its text
-    and its first token, the one with no log-probability (null in the lists)."""
+    """A prompt each choice of a completion repeats before its text (``echo``): its text,
+    its first token (the one with no log-probability: null in the lists) and, with
+    ``logprobs``, its ``prompt_logprobs`` (scored once, by the first choice)."""
 
     text: str
     first_id: int
+    scored: Sequence[TokenLogprob | None] | None = None
 
-    def entries(self, scored: Sequence[TokenLogprob | None] | None) -> list[Position] | None:
-        """The prompt's positions for ``logprobs``, from its ``prompt_logprobs`` (None:
-        none asked for)."""
-        if scored is None:
+    def entries(self) -> list[Position] | None:
+        """The prompt's positions for ``logprobs`` (None: none asked for)."""
+        if self.scored is None:
             return None
-        return [(self.first_id, None)] + [(e.token_id, e) for e in scored[1:] if e is not None]
+        return [(self.first_id, None)] + [(e.token_id, e) for e in self.scored[1:] if e is not None]
+
+
+def prompt_only(chunk: Chunk) -> Chunk:
+    """A scoring request's one chunk (``echo`` with ``max_tokens`` 0) without the token its
+    prompt's pass gave: nothing generated, the output cut at its length."""
+    return replace(
+        chunk,
+        token_ids=[],
+        text="",
+        num_from_draft=0,
+        rejected_ids=[],
+        finish_reason="length",
+        stats=replace(chunk.stats, generated_tokens=0),
+        logprobs=None if chunk.logprobs is None else [],
+    )
 
 
 # A token of completions' logprobs: its id and values, None for an echoed prompt's first.
@@ -199,7 +215,7 @@ def _choice(
                 "tool_calls": [call.to_dict() for call in reply.calls],
             }
         return {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
-    echoed = None if echo is None else echo.entries(chunks[0].prompt_logprobs)
+    echoed = None if echo is None else echo.entries()
     logprobs = None
     if entries is not None:
         logprobs = completion_logprobs(entries, text_of, 0, echoed or ())
@@ -251,12 +267,12 @@ class StreamEvents:
             choice = {"index": index, "text": text or "", "finish_reason": finish}
         return self._data(choice | {"logprobs": logprobs}, extra)
 
-    def echoed(self, scored: list[TokenLogprob | None] | None, index: int = 0) -> str:
+    def echoed(self, index: int = 0) -> str:
         """Choice ``index``'s echoed prompt (before its first delta), and its tokens'
-        logprobs where asked for (``scored``: its first chunk's ``prompt_logprobs``)."""
+        logprobs where asked for."""
         assert self.echo is not None, "an echoing completion"
         logprobs = None
-        echoed = self.echo.entries(scored)
+        echoed = self.echo.entries()
         if echoed is not None:
             logprobs = completion_logprobs([], self.text_of, 0, echoed)
             self.offsets[index] = sum(len(token) for token in logprobs["tokens"])

@@ -188,6 +188,11 @@ class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         description="a text, or its token ids (one prompt: a list of one is unwrapped)"
     )
+    max_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="0 only with echo: the prompt scored, nothing generated (OpenAI's)",
+    )
     logprobs: int | None = Field(
         default=None,
         ge=0,
@@ -236,7 +241,20 @@ class CompletionRequest(_Common):
     def _something_to_complete(self):
         if self.prompt == "" and self.suffix is None:  # before a suffix, "" is a file's start
             raise ValueError("prompt is empty")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 goes with echo (the prompt scored, nothing generated)")
+        if self.scores_only() and self.min_tokens:
+            raise ValueError("min_tokens must be 0 with max_tokens 0")
         return self
+
+    def scores_only(self) -> bool:
+        """``echo`` with ``max_tokens`` 0: the prompt (and its tokens' logprobs) returned,
+        nothing generated; how lm-evaluation-harness and others score a text."""
+        return self.echo and self.max_tokens == 0
+
+    def token_budget(self, default: int) -> int:
+        """Scoring only: 1, the token the prompt's pass gives anyway (not returned)."""
+        return 1 if self.scores_only() else super().token_budget(default)
 
     def prompt_text(self) -> str | None:
         """The one prompt's text (the validator has unwrapped a one-element list); None for

@@ -138,7 +138,8 @@ class Service:
         return params
 
     def spec(self, body: CompletionBody) -> SpecConfig:
-        k = body.num_speculative_tokens
+        """The request's speculation; none where it only scores its prompt."""
+        k = 0 if scores_only(body) else body.num_speculative_tokens
         return SpecConfig(k=self.default_k if k is None else k, verification=body.verification)
 
     async def serve(self, body: CompletionBody, encode: Callable[[], list[int]], request: Request):
@@ -168,7 +169,11 @@ class Service:
         jobs = [
             Job(
                 prompt_ids,
-                replace(params, seed=choice_seed(params.seed, i)),
+                replace(
+                    params,
+                    seed=choice_seed(params.seed, i),
+                    prompt_logprobs=params.prompt_logprobs if i == 0 else None,
+                ),  # an echoed prompt is scored once, by the first choice
                 spec,
                 drafter,
                 loop,
@@ -185,6 +190,10 @@ class Service:
         if failed:
             self.cancel(jobs)
             raise as_api_error(failed[0])
+        if echo is not None:
+            echo = replace(echo, scored=firsts[0].prompt_logprobs)
+        if scores_only(body):
+            firsts = [responses.prompt_only(first) for first in firsts]
         ttft = time.perf_counter() - jobs[0].submitted
         chat = isinstance(body, ChatCompletionRequest)
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -405,7 +414,7 @@ class Service:
                         if choice.chunks:
                             choice.gaps.chunk()
                         if not choice.chunks and events.echo is not None:
-                            yield events.echoed(item.prompt_logprobs, index)
+                            yield events.echoed(index)
                         choice.chunks.append(item)
                         text = choice.held.feed(item.text) if choice.held else item.text
                         if text or item.logprobs:
@@ -470,6 +479,12 @@ class ChoiceStream:
     gaps: Gaps
     chunks: list[Chunk] = field(default_factory=list)
     done: bool = False
+
+
+def scores_only(body: CompletionBody) -> bool:
+    """Whether a request only scores its prompt (a completion's ``echo`` with
+    ``max_tokens`` 0)."""
+    return isinstance(body, CompletionRequest) and body.scores_only()
 
 
 def choice_seed(seed: int | None, index: int) -> int | None:
