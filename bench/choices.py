@@ -12,14 +12,13 @@ together (medians over passes, the modes interleaved).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from specdec.bench.report import write_table
 from specdec.machine import cpu_kind, cpu_name
 
 PORT = 8431
@@ -109,13 +108,7 @@ def main() -> int:
                 f"| {name} | {mode} | {seconds:.2f} | {tokens / seconds:.1f} | "
                 f"{in_turn / seconds:.2f}x | {same} |"
             )
-    report = "\n".join(lines) + "\n"
-    sys.stdout.write(report)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.md").write_text(report)
-        (args.out / "choices.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return 0
+    return write_table(lines, summary, args.out, "results.md", "choices.json")
 
 
 if __name__ == "__main__":

@@ -22,15 +22,14 @@ import difflib
 import fnmatch
 import heapq
 import inspect
-import json
 import shlex
 import statistics
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 from specdec import Engine, SamplingParams, SpecConfig
+from specdec.bench.report import write_table
 from specdec.drafters.recipe import DraftSources, build_drafter
 from specdec.loading import load_backend
 from specdec.machine import cpu_kind, cpu_name
@@ -138,13 +137,7 @@ def main() -> int:
         total = sum(summary[f"{name} / {system}"]["seconds"] for name in cases)
         plain_total = sum(summary[f"{name} / plain"]["seconds"] for name in cases)
         lines.append(f"\nAll cases, {system}: {total:.2f} s ({plain_total / total:.2f}x plain)")
-    report = "\n".join(lines) + "\n"
-    sys.stdout.write(report)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.md").write_text(report)
-        (args.out / "fill_in_middle.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return 0
+    return write_table(lines, summary, args.out, "results.md", "fill_in_middle.json")
 
 
 if __name__ == "__main__":

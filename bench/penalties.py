@@ -16,12 +16,11 @@ the same setting, and the acceptance rate.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 from pathlib import Path
 
 from specdec import Engine, SamplingParams, SpecConfig
+from specdec.bench.report import write_table
 from specdec.drafters.recipe import DraftSources, build_drafter
 from specdec.engine import Run
 from specdec.loading import load_backend
@@ -121,13 +120,7 @@ def main() -> int:
                     f"{entry['speedup']:.2f}x | {entry['acceptance_rate']:.2f} | "
                     f"{entry['identical']} |"
                 )
-    report = "\n".join(lines) + "\n"
-    sys.stdout.write(report)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.md").write_text(report)
-        (args.out / "penalties.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return 0
+    return write_table(lines, summary, args.out, "results.md", "penalties.json")
 
 
 if __name__ == "__main__":

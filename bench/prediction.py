@@ -18,14 +18,13 @@ import argparse
 import ast
 import functools
 import inspect
-import json
 import shlex
 import statistics
-import sys
 import textwrap
 from pathlib import Path
 
 from specdec import Engine, SamplingParams, SpecConfig
+from specdec.bench.report import write_table
 from specdec.drafters.prediction import PREDICTION, PredictionDrafter
 from specdec.drafters.recipe import DraftSources, build_drafter
 from specdec.loading import load_backend
@@ -130,13 +129,7 @@ def main() -> int:
                 f"{entry['acceptance_rate']:.2f} | {entry['from_prediction']:.2f} | "
                 f"{entry['identical']} |"
             )
-    report = "\n".join(lines) + "\n"
-    sys.stdout.write(report)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.md").write_text(report)
-        (args.out / "prediction.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return 0
+    return write_table(lines, summary, args.out, "results.md", "prediction.json")
 
 
 if __name__ == "__main__":

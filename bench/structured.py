@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 from specdec import Engine, SamplingParams, SpecConfig
+from specdec.bench.report import write_table
 from specdec.config import Constraint
 from specdec.drafters.recipe import DraftSources, build_drafter
 from specdec.grammar import Grammar
@@ -228,15 +228,8 @@ def main() -> int:
             )
     lines += ["", "Grammar mask, median ms per token (llguidance, replaying plain output):", ""]
     lines += [f"- {name}: {ms:.3f} ms" for name, ms in masks.items()]
-    report = "\n".join(lines) + "\n"
-    sys.stdout.write(report)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.md").write_text(report)
-        (args.out / "structured.json").write_text(
-            json.dumps({"systems": summary, "mask_ms": masks}, indent=1) + "\n"
-        )
-    return 0
+    data = {"systems": summary, "mask_ms": masks}
+    return write_table(lines, data, args.out, "results.md", "structured.json")
 
 
 if __name__ == "__main__":

@@ -27,14 +27,13 @@ Per turn: seconds (median) and whether both systems gave the same reply.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from specdec import Engine, SamplingParams, SpecConfig
+from specdec.bench.report import write_table
 from specdec.drafters.recipe import DraftSources, build_drafter
 from specdec.loading import load_backend
 from specdec.machine import cpu_kind, cpu_name
@@ -249,19 +248,7 @@ def served(args) -> int:
             f"| {name} | {choice} | {turn} | {tokens} | {plain_s:.2f} | {spec_s:.2f} | "
             f"{plain_s / spec_s:.2f}x | {same} | `{shown(reply)}` |"
         )
-    return write(lines, summary, args.out, "served.md", "served.json")
-
-
-def write(lines: list[str], summary: dict, out: Path | None, table: str, data: str) -> int:
-    """The table to stdout and, with ``out``, to its files there: ``table`` (markdown) and
-    ``data`` (the summary as JSON)."""
-    report = "\n".join(lines) + "\n"
-    sys.stdout.write(report)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / table).write_text(report)
-        (out / data).write_text(json.dumps(summary, indent=1) + "\n")
-    return 0
+    return write_table(lines, summary, args.out, "served.md", "served.json")
 
 
 def main() -> int:
@@ -348,7 +335,7 @@ def main() -> int:
                 f"{last['mean_accepted_length']:.2f} | "
                 f"{all(r['identical_to_plain'] for r in runs)} | `{calls}` |"
             )
-    return write(lines, summary, args.out, "results.md", "tool_calls.json")
+    return write_table(lines, summary, args.out, "results.md", "tool_calls.json")
 
 
 if __name__ == "__main__":

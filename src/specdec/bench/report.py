@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from specdec.theory import expected_tokens_per_round
@@ -158,6 +159,21 @@ def plot_theory(points: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def write_table(
+    lines: list[str], data: object, out: Path | None, table: str, data_file: str
+) -> int:
+    """A bench script's Markdown ``lines`` to stdout and, with ``out``, to its files there:
+    ``table`` (the Markdown) and ``data_file`` (``data`` as JSON). Returns 0, the exit
+    status."""
+    report = "\n".join(lines) + "\n"
+    sys.stdout.write(report)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / table).write_text(report)
+        (out / data_file).write_text(json.dumps(data, indent=1) + "\n")
+    return 0
 
 
 def write_reports(
