@@ -92,11 +92,12 @@ def fim_ids(tokenizer, prefix: str | list[int], suffix: str) -> list[int]:
     return [before, *head, after, *tokenizer.encode(suffix), middle]
 
 
-def checked_ids(token_ids: list[int], vocab_size: int) -> list[int]:
-    """A prompt given as token ids, each in the vocabulary (else a ValueError naming them)."""
+def checked_ids(token_ids: list[int], vocab_size: int, what: str = "prompt token ids") -> list[int]:
+    """A prompt given as token ids, each in the vocabulary (else a ValueError naming them,
+    ``what`` they are first)."""
     bad = [t for t in token_ids if not 0 <= t < vocab_size]
     if bad:
-        raise ValueError(f"prompt token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+        raise ValueError(f"{what} outside the vocabulary [0, {vocab_size}): {bad[:5]}")
     return list(token_ids)
 
 

@@ -20,7 +20,7 @@ from specdec.backends.quant.int4 import RowInt4Linear
 from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.config import Constraint
 from specdec.drafters import ModelDrafter
-from specdec.prompting import fim_ids
+from specdec.prompting import chat_ids, fim_ids
 from specdec.server.schemas import CompletionRequest
 from specdec.server.service import Service
 
@@ -266,6 +266,42 @@ def test_echo_with_max_tokens_0_scores_the_prompt_and_generates_nothing(client, 
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="min_tokens must be 0"):
         client.completions.create(**kwargs, extra_body={"min_tokens": 2})
+
+
+def test_tokenize_gives_the_ids_the_completions_give_and_detokenize_their_text(
+    server, client, models
+):
+    """vLLM's /tokenize: a prompt's ids are the tokenizer's, their count the completion's
+    prompt_tokens; a conversation's the chat completion's; /detokenize gives the text back;
+    bad ids, a foreign model, both a prompt and messages are 400s."""
+    _, _, tokenizer = models
+    prompt = "tokens, please"
+    status, body = post(server, "/tokenize", {"prompt": prompt, "return_token_strs": True})
+    assert status == 200, body
+    assert body["tokens"] == tokenizer.encode(prompt) and body["count"] == len(body["tokens"])
+    assert "".join(body["token_strs"]) == prompt  # one character a token here
+    served = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    assert served.usage.prompt_tokens == body["count"]
+    models_list = client.models.list().data[0]
+    assert body["max_model_len"] == models_list.model_extra["max_model_len"]
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    status, chat = post(server, "/tokenize", {"messages": messages})
+    assert status == 200 and chat["token_strs"] is None, chat
+    replied = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    assert replied.usage.prompt_tokens == chat["count"]
+    assert chat["tokens"] == chat_ids(tokenizer, messages)
+    status, back = post(server, "/detokenize", {"tokens": body["tokens"]})
+    assert status == 200 and back == {"prompt": prompt}
+    refused = [
+        ("/detokenize", {"tokens": [0, 10**9]}, "tokens"),
+        ("/detokenize", {"tokens": [0], "model": "other"}, "model"),
+        ("/tokenize", {"prompt": "x", "messages": messages}, None),
+        ("/tokenize", {"messages": messages, "add_generation_prompt": False}, None),
+    ]
+    for path, request, param in refused:
+        status, error = post(server, path, request)
+        assert status == 400, (path, request, error)
+        assert param is None or error["error"]["param"] == param, error
 
 
 def test_best_of_returns_the_n_completions_most_likely_per_token(client, models):

@@ -27,10 +27,10 @@ def add_parser(commands) -> None:
         "serve",
         help="OpenAI-compatible HTTP server with speculative decoding",
         description="Serve /v1/completions and /v1/chat/completions (streaming or not), "
-        "/v1/models, /health and Prometheus /metrics. One worker thread decodes up to "
-        "--max-active requests, each with its own KV caches; --max-queue more may wait, beyond "
-        "that the answer is 503. On int8 and int4 (the default: chosen as generate chooses) "
-        "every step is one round of every active "
+        "/v1/models, /health, Prometheus /metrics, and vLLM's /tokenize and /detokenize. "
+        "One worker thread decodes up to --max-active requests, each with its own KV caches; "
+        "--max-queue more may wait, beyond that the answer is 503. On int8 and int4 (the "
+        "default: chosen as generate chooses) every step is one round of every active "
         "request in ONE target pass (continuous batching: each drafts, the target scores all "
         "of them at once, each accepts its own count; the draft model's passes are batched "
         "too), at most --max-rows rows per pass split evenly; each request's output is what "

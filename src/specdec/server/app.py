@@ -22,7 +22,13 @@ from specdec.server.errors import ERROR_SCHEMA, document_400_not_422, install_er
 from specdec.server.guard import Guard, Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler
-from specdec.server.schemas import ChatCompletionRequest, CompletionRequest
+from specdec.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Detokenize,
+    TokenizeChat,
+    TokenizeText,
+)
 from specdec.server.service import Service
 
 
@@ -90,7 +96,15 @@ def create_app(
     async def models():
         return {
             "object": "list",
-            "data": [{"id": model_name, "object": "model", "owned_by": "specdec", "created": 0}],
+            "data": [
+                {
+                    "id": model_name,
+                    "object": "model",
+                    "owned_by": "specdec",
+                    "created": 0,
+                    "max_model_len": scheduler.max_length,  # vLLM's extension
+                }
+            ],
         }
 
     @app.get(
@@ -114,6 +128,16 @@ def create_app(
         return await service.serve(
             body, lambda: chat_ids(scheduler.tokenizer, messages, tools), request
         )
+
+    @app.post("/tokenize", responses=responses)
+    async def tokenize(body: TokenizeText | TokenizeChat):
+        """vLLM's: a prompt's (or a conversation's) token ids, as the completions give them."""
+        return await service.tokenize(body)
+
+    @app.post("/detokenize", responses=responses)
+    async def detokenize(body: Detokenize):
+        """vLLM's: token ids' text."""
+        return await service.detokenize(body)
 
     document_400_not_422(app)
     return app

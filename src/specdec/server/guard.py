@@ -12,6 +12,10 @@ from fastapi.responses import JSONResponse
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
+# What an API key guards: the model's routes (health and metrics stay open, as vLLM's).
+KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
+
+
 @dataclass(frozen=True)
 class Limits:
     """Request limits; the defaults are documented in ``specdec serve --help``."""
@@ -92,7 +96,7 @@ class Guard:
                 None,
                 "invalid_host",
             )
-        if self.api_key is not None and path.startswith("/v1/"):
+        if self.api_key is not None and path.startswith(KEYED_PATHS):
             given = headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
                 return error_response(

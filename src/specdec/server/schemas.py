@@ -432,3 +432,38 @@ class ChatCompletionRequest(_Common):
 
 
 CompletionBody = CompletionRequest | ChatCompletionRequest  # what the two routes take
+
+
+class TokenizeText(_Strict):
+    """vLLM's ``/tokenize`` of a completion's prompt: the ids ``/v1/completions`` gives it."""
+
+    model: str | None = None
+    prompt: str = Field(min_length=1)
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_text(cls, value):
+        return _valid_text(value, "prompt")
+
+
+class TokenizeChat(_Strict):
+    """vLLM's ``/tokenize`` of a conversation: the ids ``/v1/chat/completions`` gives it
+    (its template, the assistant's turn prompt at the end, ``tools`` shown)."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    add_generation_prompt: Literal[True] = True
+    return_token_strs: bool = False
+
+    def template_tools(self) -> list[dict] | None:
+        return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
+
+
+class Detokenize(_Strict):
+    """vLLM's ``/detokenize``: token ids back to their text."""
+
+    model: str | None = None
+    tokens: list[int] = Field(min_length=1, max_length=1_000_000)

@@ -23,13 +23,20 @@ from specdec.drafters.prediction import Prediction
 from specdec.drafters.recipe import in_front, with_prediction
 from specdec.engine import Chunk
 from specdec.grammar import Grammar
-from specdec.prompting import NO_FIM, checked_ids, encode_prompt, fim_ids, fim_markers
+from specdec.prompting import NO_FIM, chat_ids, checked_ids, encode_prompt, fim_ids, fim_markers
 from specdec.server import responses
 from specdec.server.errors import ApiError, ClientGone, as_api_error
 from specdec.server.guard import Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import END, Job, QueueFull, Scheduler
-from specdec.server.schemas import ChatCompletionRequest, CompletionBody, CompletionRequest
+from specdec.server.schemas import (
+    ChatCompletionRequest,
+    CompletionBody,
+    CompletionRequest,
+    Detokenize,
+    TokenizeChat,
+    TokenizeText,
+)
 from specdec.server.tools import HeldText, ToolUse, reply_of, tags_are_tokens
 
 RETRY_AFTER_SECONDS = 1
@@ -56,11 +63,14 @@ class Service:
     def __post_init__(self) -> None:
         self.text_of = responses.TokenText(self.scheduler.tokenizer)
 
+    def check_model(self, model: str | None) -> None:
+        if model not in (None, self.model_name):
+            message = f"model {model!r} is not served here; use {self.model_name!r}"
+            raise ApiError(400, message, "model", "model_not_found")
+
     def check_cheap(self, body: CompletionBody) -> None:
         """The model, drafter, k and stop limits: before any tokenizing."""
-        if body.model not in (None, self.model_name):
-            message = f"model {body.model!r} is not served here; use {self.model_name!r}"
-            raise ApiError(400, message, "model", "model_not_found")
+        self.check_model(body.model)
         kind = body.drafter or self.default_drafter
         if not self.scheduler.offers(kind):
             available = ", ".join(self.scheduler.drafters)
@@ -231,6 +241,40 @@ class Service:
             echo,
             made_choices,
         )
+
+    async def tokenize(self, body: TokenizeText | TokenizeChat) -> dict:
+        """vLLM's ``/tokenize``: the ids a completion (or a chat completion) gives this
+        prompt (or conversation), their count, the context length (``max_model_len``; null
+        where the model sets none) and, with ``return_token_strs``, each token's text as
+        logprobs show it."""
+        self.check_model(body.model)
+        tokenizer = self.scheduler.tokenizer
+
+        def encode() -> tuple[list[int], list[str] | None]:
+            if isinstance(body, TokenizeChat):
+                messages = [m.as_template_message() for m in body.messages]
+                ids = chat_ids(tokenizer, messages, body.template_tools())
+            elif body.add_special_tokens:
+                ids = encode_prompt(tokenizer, body.prompt, "raw")
+            else:
+                ids = list(tokenizer.encode(body.prompt, add_special_tokens=False))
+            return ids, [self.text_of(t)[0] for t in ids] if body.return_token_strs else None
+
+        try:
+            ids, strs = await run_in_threadpool(encode)
+        except ValueError as error:  # a chat template that refuses the messages
+            raise ApiError(400, str(error), "messages") from None
+        length = self.scheduler.max_length
+        return {"count": len(ids), "max_model_len": length, "tokens": ids, "token_strs": strs}
+
+    async def detokenize(self, body: Detokenize) -> dict:
+        """vLLM's ``/detokenize``: the text of token ids (each in the vocabulary)."""
+        self.check_model(body.model)
+        try:
+            ids = checked_ids(body.tokens, self.scheduler.target_model.vocab_size, "tokens")
+        except ValueError as error:
+            raise ApiError(400, str(error), "tokens") from None
+        return {"prompt": await run_in_threadpool(self.scheduler.tokenizer.decode, ids)}
 
     def recipe(self, body: CompletionBody) -> str:
         """The request's drafter: its own, else the server's; for a fill in the middle
