@@ -233,6 +233,56 @@ def test_echo_gives_the_prompt_and_its_logprobs_before_each_completion(client, m
         assert each.logprobs.token_logprobs[: len(ids)] == [None] + scored
 
 
+def test_several_prompts_are_each_completed_as_alone_in_order(server, client, models):
+    """A list of prompts (OpenAI's batch, as lm-evaluation-harness sends its requests):
+    each completed as it would be alone, choice index = the prompt's place x n + its own,
+    usage the prompts' tokens summed; streamed the same; as ids with echo, logprobs and
+    max_tokens 1 (a batch of texts scored) each choice its own prompt's values; best_of
+    per prompt; more completions than the server holds, or an empty prompt, a 400."""
+    prompts = ["hello world", "abcabc", "the cat"]
+    kwargs = dict(model=MODEL, prompt=prompts, max_tokens=10, temperature=0.8, seed=3, n=2)
+    whole = client.completions.create(**kwargs)
+    assert [c.index for c in whole.choices] == list(range(6))
+    for index, choice in enumerate(whole.choices):
+        place, i = divmod(index, 2)
+        expected = alone(models, prompts[place], 10, k=3, seed=3 + i, temperature=0.8)
+        assert choice.text == expected.text, index
+    assert whole.usage.prompt_tokens == sum(len(p) for p in prompts)
+    texts: dict[int, str] = {}
+    streamed = list(client.completions.create(**kwargs, stream=True))
+    for event in streamed:
+        for part in event.choices:
+            texts[part.index] = texts.get(part.index, "") + part.text
+    assert [texts[i] for i in range(6)] == [c.text for c in whole.choices]
+    assert streamed[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    _, _, tokenizer = models
+    ids = [tokenizer.encode(p) for p in prompts]
+    scored = client.completions.create(
+        model=MODEL, prompt=ids, echo=True, logprobs=1, max_tokens=1, temperature=0
+    )
+    for place, choice in enumerate(scored.choices):
+        expected = alone(models, prompts[place], 1, k=3, logprobs=1, prompt_logprobs=1)
+        assert choice.text == prompts[place] + expected.text
+        values = [e.logprob for e in expected.prompt_logprobs[1:] + expected.logprobs]
+        assert choice.logprobs.token_logprobs == [None] + values
+    best = client.completions.create(
+        model=MODEL, prompt=prompts[:2], max_tokens=6, temperature=1.0, seed=21, best_of=3
+    )
+    for place, choice in enumerate(best.choices):
+        made = [
+            alone(models, prompts[place], 6, k=3, seed=21 + i, temperature=1.0, logprobs=0)
+            for i in range(3)
+        ]
+        means = [sum(e.logprob for e in out.logprobs) / len(out.logprobs) for out in made]
+        assert choice.text == made[means.index(max(means))].text
+    assert len(best.choices) == 2
+    status, body = post(server, "/v1/completions", {"prompt": ["x"] * 20, "n": 2})
+    assert status == 400 and body["error"]["param"] == "n", body
+    for empty in (["x", ""], [], [[]]):
+        status, body = post(server, "/v1/completions", {"prompt": empty})
+        assert status == 400 and "prompt is empty" in body["error"]["message"], body
+
+
 def test_echo_with_max_tokens_0_scores_the_prompt_and_generates_nothing(client, models):
     """OpenAI's way to score a text: echo with max_tokens 0 gives the prompt and its tokens'
     logprobs (the engine's ``prompt_logprobs``), no completion, finish "length" and no

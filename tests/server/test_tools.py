@@ -156,7 +156,7 @@ def stream_events(pieces: list[str], finish: str = "stop") -> tuple[str, list, s
         for chunk in chunks[1:]:
             job.queue.put_nowait(chunk)
         events = responses.StreamEvents("id", MODEL, True, None, service.text_of)
-        stream = service.stream([job], [chunks[0]], 0.0, events, use)
+        stream = service.stream([job], [chunks[0]], 0.0, events, 1, use)
         return [event async for event in stream]
 
     content, calls, finish_reason = "", [], None

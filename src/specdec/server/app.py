@@ -118,7 +118,7 @@ def create_app(
     @app.post("/v1/completions", responses=streamed)
     async def completions(body: CompletionRequest, request: Request):
         service.check_cheap(body)
-        return await service.serve(body, service.completion_prompt(body), request)
+        return await service.serve(body, service.completion_prompts(body), request)
 
     @app.post("/v1/chat/completions", responses=streamed)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -126,7 +126,7 @@ def create_app(
         messages = [m.as_template_message() for m in body.messages]
         tools = body.template_tools()
         return await service.serve(
-            body, lambda: chat_ids(scheduler.tokenizer, messages, tools), request
+            body, lambda: [chat_ids(scheduler.tokenizer, messages, tools)], request
         )
 
     @app.post("/tokenize", responses=responses)

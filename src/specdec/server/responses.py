@@ -169,23 +169,25 @@ def completion_body(
     replica: str | None,
     text_of: TokenText,
     use: ToolUse | None = None,
-    echo: Echo | None = None,
+    echoes: Sequence[Echo | None] = (),
     made: list[list[Chunk]] | None = None,
 ) -> dict:
     """A whole completion (``chat.completion`` or ``text_completion``), one choice per
     chunk list, with ``usage`` (and its speculation) and the ``spec_stats`` extension;
     ``logprobs`` when asked for. With tools (``use``), the calls in a reply are its
     ``tool_calls`` (the text before them its content; ``tools.reply_of``) and a reply that
-    ended finishes with "tool_calls". ``echo``: each completion's text and logprobs begin
-    with the prompt's. ``made``: every completion made, where ``best_of`` returns some
-    (the usage and stats count them all, as OpenAI bills them)."""
+    ended finishes with "tool_calls". ``echoes``: the prompt each choice's text and logprobs
+    begin with (``echo``; None, or none given: no echo). ``made``: every completion made,
+    where ``best_of`` returns some (the usage and stats count them all, as OpenAI bills
+    them)."""
     return {
         "id": response_id,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model_name,
         "choices": [
-            _choice(index, chunks, chat, text_of, use, echo) for index, chunks in enumerate(choices)
+            _choice(index, chunks, chat, text_of, use, echoes[index] if echoes else None)
+            for index, chunks in enumerate(choices)
         ],
         "usage": usage(prompt_tokens, made or choices),
         "spec_stats": spec_stats(made or choices),
@@ -233,11 +235,12 @@ class StreamEvents:
         chat: bool,
         replica: str | None,
         text_of: TokenText,
-        echo: Echo | None = None,
+        echoes: Sequence[Echo | None] = (),
     ):
+        """``echoes``: the prompt each choice repeats first (``echo``; None: none)."""
         self.response_id, self.model_name, self.chat = response_id, model_name, chat
         self.replica, self.created = replica, int(time.time())
-        self.text_of, self.echo = text_of, echo
+        self.text_of, self.echoes = text_of, list(echoes)
         # of each choice's next token's text in its completion (completions' logprobs)
         self.offsets: dict[int, int] = {}
 
@@ -270,14 +273,19 @@ class StreamEvents:
     def echoed(self, index: int = 0) -> str:
         """Choice ``index``'s echoed prompt (before its first delta), and its tokens'
         logprobs where asked for."""
-        assert self.echo is not None, "an echoing completion"
+        echo = self.echo_of(index)
+        assert echo is not None, "an echoing completion"
         logprobs = None
-        echoed = self.echo.entries()
+        echoed = echo.entries()
         if echoed is not None:
             logprobs = completion_logprobs([], self.text_of, 0, echoed)
             self.offsets[index] = sum(len(token) for token in logprobs["tokens"])
-        choice = {"index": index, "text": self.echo.text, "finish_reason": None}
+        choice = {"index": index, "text": echo.text, "finish_reason": None}
         return self._data(choice | {"logprobs": logprobs})
+
+    def echo_of(self, index: int) -> Echo | None:
+        """The prompt choice ``index`` repeats first, if any."""
+        return self.echoes[index] if self.echoes else None
 
     def calls(self, calls: tuple[ToolCall, ...], index: int = 0) -> str:
         """A chat stream's delta of choice ``index``'s whole tool calls (OpenAI's shape,

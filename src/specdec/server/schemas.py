@@ -24,6 +24,9 @@ def _valid_text(value: str, what: str) -> str:
     return value
 
 
+MAX_PROMPTS = 128  # a completion request's prompts (each with its n choices)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -186,7 +189,8 @@ class _Common(_Strict):
 
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
-        description="a text, or its token ids (one prompt: a list of one is unwrapped)"
+        description="a text or its token ids, or a list of several (each completed as a "
+        "request of its own: choice index = prompt's place x n + choice)"
     )
     max_tokens: int | None = Field(
         default=None,
@@ -219,18 +223,19 @@ class CompletionRequest(_Common):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value):
-        if isinstance(value, list) and value and isinstance(value[0], str | list):
-            if len(value) != 1:
-                raise ValueError("give one prompt (a string or token ids, or a list of one)")
-            value = value[0]
-        if isinstance(value, list):
-            if not value:
-                raise ValueError("prompt is empty")
-            if any(token < 0 for token in value):
-                raise ValueError("prompt token ids must be >= 0")
-            return value
-        return _valid_text(value, "prompt")
+    def _prompts(cls, value):
+        several = isinstance(value, list) and value and isinstance(value[0], str | list)
+        for prompt in value if several else [value]:
+            if isinstance(prompt, list):
+                if not prompt:
+                    raise ValueError("prompt is empty")
+                if any(token < 0 for token in prompt):
+                    raise ValueError("prompt token ids must be >= 0")
+            else:
+                _valid_text(prompt, "prompt")
+        if several and len(value) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts a request, got {len(value)}")
+        return value
 
     @field_validator("suffix")
     @classmethod
@@ -239,7 +244,8 @@ class CompletionRequest(_Common):
 
     @model_validator(mode="after")
     def _something_to_complete(self):
-        if self.prompt == "" and self.suffix is None:  # before a suffix, "" is a file's start
+        empty = any(prompt == "" for prompt in self.prompts())
+        if empty and self.suffix is None:  # before a suffix, "" is a file's start
             raise ValueError("prompt is empty")
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens 0 goes with echo (the prompt scored, nothing generated)")
@@ -256,14 +262,12 @@ class CompletionRequest(_Common):
         """Scoring only: 1, the token the prompt's pass gives anyway (not returned)."""
         return 1 if self.scores_only() else super().token_budget(default)
 
-    def prompt_text(self) -> str | None:
-        """The one prompt's text (the validator has unwrapped a one-element list); None for
-        token ids (``prompt_ids``)."""
-        return self.prompt if isinstance(self.prompt, str) else None
-
-    def prompt_ids(self) -> list[int] | None:
-        """The one prompt's token ids, where it was given as ids."""
-        return None if isinstance(self.prompt, str) else cast(list[int], self.prompt)
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts to complete, each a text or its token ids."""
+        value = self.prompt
+        if isinstance(value, list) and isinstance(value[0], str | list):
+            return cast(list[str | list[int]], value)
+        return [value]  # one text, or one list of ids
 
     def logprobs_wanted(self) -> int | None:
         """``SamplingParams.logprobs``: None, or how many most likely tokens to return."""

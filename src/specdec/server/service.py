@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
@@ -94,13 +94,11 @@ class Service:
             )
             raise ApiError(400, message, "stop")
 
-    def completion_prompt(self, body: CompletionRequest) -> Callable[[], list[int]]:
-        """How a completion's prompt becomes token ids (run off the event loop): its text
-        encoded, its ids checked against the vocabulary, or, with a ``suffix``, both around
-        the model's fill-in-the-middle markers."""
+    def completion_prompts(self, body: CompletionRequest) -> Callable[[], list[list[int]]]:
+        """How a completion's prompts become token ids (run off the event loop): each text
+        encoded, each list of ids checked against the vocabulary, or, with a ``suffix``,
+        each around the model's fill-in-the-middle markers with it."""
         tokenizer, vocab = self.scheduler.tokenizer, self.scheduler.target_model.vocab_size
-        text, ids = body.prompt_text(), body.prompt_ids()
-        prompt: str | list[int] = text if text is not None else cast(list[int], ids)
         suffix = body.suffix
         if suffix is not None:
             if body.echo:
@@ -108,10 +106,15 @@ class Service:
                 raise ApiError(400, message, "echo")
             if fim_markers(tokenizer) is None:
                 raise ApiError(400, NO_FIM, "suffix")
-            return lambda: checked_ids(fim_ids(tokenizer, prompt, suffix), vocab)
-        if isinstance(prompt, list):
-            return lambda: checked_ids(prompt, vocab)
-        return lambda: encode_prompt(tokenizer, prompt, "raw")
+
+        def ids(prompt: str | list[int]) -> list[int]:
+            if suffix is not None:
+                return checked_ids(fim_ids(tokenizer, prompt, suffix), vocab)
+            if isinstance(prompt, list):
+                return checked_ids(prompt, vocab)
+            return encode_prompt(tokenizer, prompt, "raw")
+
+        return lambda: [ids(prompt) for prompt in body.prompts()]
 
     def params(self, body: CompletionBody, use: ToolUse | None = None) -> SamplingParams:
         """``use``: the request's tools; where it requires calls, their grammar constrains
@@ -152,8 +155,12 @@ class Service:
         k = 0 if scores_only(body) else body.num_speculative_tokens
         return SpecConfig(k=self.default_k if k is None else k, verification=body.verification)
 
-    async def serve(self, body: CompletionBody, encode: Callable[[], list[int]], request: Request):
-        """Answer ``body`` (checked cheaply already), its prompt's ids from ``encode``."""
+    async def serve(
+        self, body: CompletionBody, encode: Callable[[], list[list[int]]], request: Request
+    ):
+        """Answer ``body`` (checked cheaply already), its prompts' ids from ``encode``: each
+        prompt's choices (``n``, or ``best_of`` made) one after another, choice index = the
+        prompt's place x n + its own."""
         use = body.tool_use() if isinstance(body, ChatCompletionRequest) else None
         if use is not None and use.required:  # llguidance's tokenizer, built once, off the loop
             await run_in_threadpool(lambda: self.tag_tokens)
@@ -164,11 +171,12 @@ class Service:
         if params.constraint is not None:  # a grammar that does not compile is a 400 now
             await run_in_threadpool(self.check_constraint, params.constraint, grammar_param(use))
         try:
-            prompt_ids = await run_in_threadpool(encode)
+            prompts = await run_in_threadpool(encode)
         except ValueError as error:
             raise ApiError(400, str(error), "prompt") from None
-        self.check_length(prompt_ids)
-        echo = await self.echo(body, prompt_ids)
+        for prompt_ids in prompts:
+            self.check_length(prompt_ids)
+        echoes = await self.echoes(body, prompts)
         loop = asyncio.get_running_loop()
         drafter = self.recipe(body)
         prediction = None
@@ -183,12 +191,13 @@ class Service:
                     params,
                     seed=choice_seed(params.seed, i),
                     prompt_logprobs=params.prompt_logprobs if i == 0 else None,
-                ),  # an echoed prompt is scored once, by the first choice
+                ),  # an echoed prompt is scored once, by its first choice
                 spec,
                 drafter,
                 loop,
                 prediction=prediction,
             )  # fmt: skip
+            for prompt_ids in prompts
             for i in range(made)
         ]
         self.submit(jobs)
@@ -200,19 +209,28 @@ class Service:
         if failed:
             self.cancel(jobs)
             raise as_api_error(failed[0])
-        if echo is not None:
-            echo = replace(echo, scored=firsts[0].prompt_logprobs)
+        echoes = [
+            echo and replace(echo, scored=firsts[place * made].prompt_logprobs)
+            for place, echo in enumerate(echoes)
+        ]
         if scores_only(body):
             firsts = [responses.prompt_only(first) for first in firsts]
         ttft = time.perf_counter() - jobs[0].submitted
         chat = isinstance(body, ChatCompletionRequest)
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        if body.stream:
+        prompt_tokens = sum(len(prompt_ids) for prompt_ids in prompts)
+        if body.stream:  # made == n: each job one choice
             events = responses.StreamEvents(
-                response_id, self.model_name, chat, self.replica, self.text_of, echo
+                response_id,
+                self.model_name,
+                chat,
+                self.replica,
+                self.text_of,
+                [echoes[i // made] for i in range(len(jobs))],
             )
             return StreamingResponse(
-                self.stream(jobs, firsts, ttft, events, use), media_type="text/event-stream"
+                self.stream(jobs, firsts, ttft, events, prompt_tokens, use),
+                media_type="text/event-stream",
             )
         choices: list[list[Chunk]] = [[first] for first in firsts]
         try:
@@ -226,20 +244,23 @@ class Service:
         except ClientGone:
             return self.gone(jobs, choices)
         self.finish(jobs, choices, ttft, "ok")
-        made_choices = choices
-        if made > body.n:
-            choices = responses.best(choices, body.n, body.logprobs_wanted() is not None)
+        returned: list[list[Chunk]] = []
+        for place in range(len(prompts)):
+            group = choices[place * made : (place + 1) * made]
+            if made > body.n:
+                group = responses.best(group, body.n, body.logprobs_wanted() is not None)
+            returned.extend(group)
         return responses.completion_body(
-            choices,
-            len(prompt_ids),
+            returned,
+            prompt_tokens,
             response_id,
             self.model_name,
             chat,
             self.replica,
             self.text_of,
             use,
-            echo,
-            made_choices,
+            [echoes[i // body.n] for i in range(len(returned))],
+            choices,
         )
 
     async def tokenize(self, body: TokenizeText | TokenizeChat) -> dict:
@@ -287,15 +308,20 @@ class Service:
             return in_front("lookup", self.default_drafter)
         return self.default_drafter
 
-    async def echo(self, body: CompletionBody, prompt_ids: list[int]) -> responses.Echo | None:
-        """The prompt a completion with ``echo`` repeats: its text as given (prompt ids are
-        decoded, off the event loop)."""
+    async def echoes(
+        self, body: CompletionBody, prompts: list[list[int]]
+    ) -> list[responses.Echo | None]:
+        """The prompt each of a completion's choices repeats with ``echo``, one a prompt
+        (None without echo): its text as given (prompt ids are decoded, off the event
+        loop)."""
         if not isinstance(body, CompletionRequest) or not body.echo:
-            return None
-        given = body.prompt_text()  # None: given as token ids
+            return [None for _ in prompts]
         decode = self.scheduler.tokenizer.decode
-        text = given if given is not None else await run_in_threadpool(decode, prompt_ids)
-        return responses.Echo(text, prompt_ids[0])
+        echoes: list[responses.Echo | None] = []
+        for given, prompt_ids in zip(body.prompts(), prompts, strict=True):
+            text = given if isinstance(given, str) else await run_in_threadpool(decode, prompt_ids)
+            echoes.append(responses.Echo(text, prompt_ids[0]))
+        return echoes
 
     def indexed(self, text: str) -> Prediction | None:
         """A predicted output's tokens, indexed (None for an empty one); no longer than a
@@ -324,7 +350,10 @@ class Service:
         """Every choice's job into the scheduler, or none (503 when it is full)."""
         capacity = self.scheduler.max_active + self.scheduler.max_queue
         if len(jobs) > capacity:
-            message = f"n must be <= {capacity} (the requests this server holds at once)"
+            message = (
+                f"n (times the prompts) must be <= {capacity} (the requests this server "
+                "holds at once)"
+            )
             raise ApiError(400, message, "n")
         for submitted, job in enumerate(jobs):
             try:
@@ -426,6 +455,7 @@ class Service:
         firsts: list[Chunk],
         ttft: float,
         events: responses.StreamEvents,
+        prompt_tokens: int,
         use: ToolUse | None = None,
     ) -> AsyncIterator[str]:
         """The events of a streamed completion, each choice's as its chunks come (``index``
@@ -457,7 +487,7 @@ class Service:
                     if item is not END:
                         if choice.chunks:
                             choice.gaps.chunk()
-                        if not choice.chunks and events.echo is not None:
+                        if not choice.chunks and events.echo_of(index) is not None:
                             yield events.echoed(index)
                         choice.chunks.append(item)
                         text = choice.held.feed(item.text) if choice.held else item.text
@@ -466,7 +496,8 @@ class Service:
                     if item is END or item.finish_reason is not None:
                         choice.done = True
                         last = all(c.done for c in choices)
-                        for event in self.ending(choices, index, events, use, last, jobs):
+                        ending = self.ending(choices, index, events, use, last, prompt_tokens)
+                        for event in ending:
                             yield event
                     else:
                         getters[asyncio.ensure_future(jobs[index].queue.get())] = index
@@ -490,7 +521,7 @@ class Service:
         events: responses.StreamEvents,
         use: ToolUse | None,
         last: bool,
-        jobs: list[Job],
+        prompt_tokens: int,
     ) -> list[str]:
         """The events that end choice ``index``: its tool calls or held text, then its
         finish reason, with the usage if it is the ``last`` choice to end."""
@@ -507,7 +538,7 @@ class Service:
         if last:
             chunk_lists = [c.chunks for c in choices]
             extra = {
-                "usage": responses.usage(len(jobs[0].prompt_ids), chunk_lists),
+                "usage": responses.usage(prompt_tokens, chunk_lists),
                 "spec_stats": responses.spec_stats(chunk_lists),
             }
         out.append(events.event(None, finish, extra=extra, index=index))
