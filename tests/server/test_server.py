@@ -323,7 +323,8 @@ def test_tokenize_gives_the_ids_the_completions_give_and_detokenize_their_text(
 ):
     """vLLM's /tokenize: a prompt's ids are the tokenizer's, their count the completion's
     prompt_tokens; a conversation's the chat completion's; /detokenize gives the text back;
-    bad ids, a foreign model, both a prompt and messages are 400s."""
+    /tokenizer_info the special tokens and chat template; bad ids, a foreign model, both a
+    prompt and messages are 400s."""
     _, _, tokenizer = models
     prompt = "tokens, please"
     status, body = post(server, "/tokenize", {"prompt": prompt, "return_token_strs": True})
@@ -342,6 +343,12 @@ def test_tokenize_gives_the_ids_the_completions_give_and_detokenize_their_text(
     assert chat["tokens"] == chat_ids(tokenizer, messages)
     status, back = post(server, "/detokenize", {"tokens": body["tokens"]})
     assert status == 200 and back == {"prompt": prompt}
+    assert post(server, "/detokenize", {"tokens": []}) == (200, {"prompt": ""})
+    with urllib.request.urlopen(server.url + "/tokenizer_info", timeout=30) as response:
+        info = json.loads(response.read())
+    assert info["eos_token"] == tokenizer.eos_token and info["chat_template"]
+    assert info["chat_template"] == tokenizer.chat_template
+    assert info["model_max_length"] == body["max_model_len"]
     refused = [
         ("/detokenize", {"tokens": [0, 10**9]}, "tokens"),
         ("/detokenize", {"tokens": [0], "model": "other"}, "model"),

@@ -277,6 +277,7 @@ def test_an_api_key_is_required_when_set(models):
         for path in ("/tokenize", "/detokenize"):
             status, _, data = raw(running, "POST", path, b'{"prompt": "x", "tokens": [1]}')
             assert status == 401 and error_of(data)["code"] == "invalid_api_key"
+        assert raw(running, "GET", "/tokenizer_info")[0] == 401
         client = openai.OpenAI(base_url=running.url + "/v1", api_key="sesame", max_retries=0)
         assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).choices
         assert raw(running, "GET", "/health")[0] == 200  # health needs no key

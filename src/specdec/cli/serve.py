@@ -27,7 +27,8 @@ def add_parser(commands) -> None:
         "serve",
         help="OpenAI-compatible HTTP server with speculative decoding",
         description="Serve /v1/completions and /v1/chat/completions (streaming or not), "
-        "/v1/models, /health, Prometheus /metrics, and vLLM's /tokenize and /detokenize. "
+        "/v1/models, /health, Prometheus /metrics, and vLLM's /tokenize, /detokenize and "
+        "/tokenizer_info. "
         "One worker thread decodes up to --max-active requests, each with its own KV caches; "
         "--max-queue more may wait, beyond that the answer is 503. On int8 and int4 (the "
         "default: chosen as generate chooses) every step is one round of every active "

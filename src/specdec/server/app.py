@@ -134,6 +134,11 @@ def create_app(
         """vLLM's: a prompt's (or a conversation's) token ids, as the completions give them."""
         return await service.tokenize(body)
 
+    @app.get("/tokenizer_info", responses=responses)
+    async def tokenizer_info():
+        """vLLM's: the tokenizer's special tokens and chat template, the context length."""
+        return service.tokenizer_info()
+
     @app.post("/detokenize", responses=responses)
     async def detokenize(body: Detokenize):
         """vLLM's: token ids' text."""

@@ -13,7 +13,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 # What an API key guards: the model's routes (health and metrics stay open, as vLLM's).
-KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
+KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize", "/tokenizer_info")
 
 
 @dataclass(frozen=True)

@@ -470,4 +470,4 @@ class Detokenize(_Strict):
     """vLLM's ``/detokenize``: token ids back to their text."""
 
     model: str | None = None
-    tokens: list[int] = Field(min_length=1, max_length=1_000_000)
+    tokens: list[int] = Field(max_length=1_000_000)

@@ -297,6 +297,18 @@ class Service:
             raise ApiError(400, str(error), "tokens") from None
         return {"prompt": await run_in_threadpool(self.scheduler.tokenizer.decode, ids)}
 
+    def tokenizer_info(self) -> dict:
+        """vLLM's ``/tokenizer_info``: the tokenizer's class, special tokens and chat
+        template, and the context length, what lm-evaluation-harness's remote tokenizer reads
+        (with ``/tokenize`` and ``/detokenize``, so that it needs no tokenizer of its own)."""
+        tokenizer = self.scheduler.tokenizer
+        special = ("eos_token", "bos_token", "pad_token", "unk_token", "chat_template")
+        return {
+            "tokenizer_class": type(tokenizer).__name__,
+            **{name: getattr(tokenizer, name, None) for name in special},
+            "model_max_length": self.scheduler.max_length,
+        }
+
     def recipe(self, body: CompletionBody) -> str:
         """The request's drafter: its own, else the server's; for a fill in the middle
         (``suffix``) with prompt lookup in front, where the text after the cursor is in the
