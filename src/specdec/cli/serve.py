@@ -153,7 +153,7 @@ def add_parser(commands) -> None:
         help="longest prompt in tokens (default: the target's context)",
     )
     limits.add_argument(
-        "--max-stop", type=int, default=4, help="most stop strings per request (default: 4)"
+        "--max-stop", type=int, default=16, help="most stop strings per request (default: 16)"
     )
     limits.add_argument(
         "--max-stop-chars", type=int, default=256, help="longest stop string (default: 256)"
