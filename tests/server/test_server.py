@@ -335,6 +335,9 @@ def test_tokenize_gives_the_ids_the_completions_give_and_detokenize_their_text(
     assert served.usage.prompt_tokens == body["count"]
     models_list = client.models.list().data[0]
     assert body["max_model_len"] == models_list.model_extra["max_model_len"]
+    assert client.models.retrieve(MODEL) == models_list  # OpenAI's retrieve
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.models.retrieve("other/model")
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     status, chat = post(server, "/tokenize", {"messages": messages})
     assert status == 200 and chat["token_strs"] is None, chat

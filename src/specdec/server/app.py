@@ -18,7 +18,12 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from specdec.prompting import chat_ids
-from specdec.server.errors import ERROR_SCHEMA, document_400_not_422, install_error_handlers
+from specdec.server.errors import (
+    ERROR_SCHEMA,
+    ApiError,
+    document_400_not_422,
+    install_error_handlers,
+)
 from specdec.server.guard import Guard, Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler
@@ -92,20 +97,25 @@ def create_app(
     async def health():
         return {"status": "ok", "model": model_name}
 
+    card = {
+        "id": model_name,
+        "object": "model",
+        "owned_by": "specdec",
+        "created": 0,
+        "max_model_len": scheduler.max_length,  # vLLM's extension
+    }
+
     @app.get("/v1/models")
     async def models():
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": model_name,
-                    "object": "model",
-                    "owned_by": "specdec",
-                    "created": 0,
-                    "max_model_len": scheduler.max_length,  # vLLM's extension
-                }
-            ],
-        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}", responses={404: ERROR_SCHEMA})
+    async def model(model_id: str):
+        """OpenAI's retrieve: the served model's card; any other name is a 404."""
+        if model_id != model_name:
+            message = f"model {model_id!r} is not served here; use {model_name!r}"
+            raise ApiError(404, message, "model", "model_not_found")
+        return card
 
     @app.get(
         "/metrics",
