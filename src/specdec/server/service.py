@@ -209,8 +209,8 @@ class Service:
         if failed:
             self.cancel(jobs)
             raise as_api_error(failed[0])
-        echoes = [
-            echo and replace(echo, scored=firsts[place * made].prompt_logprobs)
+        echoes = [  # each prompt scored by its first choice
+            None if echo is None else replace(echo, scored=firsts[place * made].prompt_logprobs)
             for place, echo in enumerate(echoes)
         ]
         if scores_only(body):
