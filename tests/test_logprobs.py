@@ -23,7 +23,8 @@ def test_token_logprobs_by_hand():
     assert first.top[0][0] == 1 and first.top[0][1] == pytest.approx(math.log(3 / 5), abs=1e-6)
     assert first.top[1][1] == pytest.approx(math.log(1 / 5), abs=1e-6)
     assert second.logprob == pytest.approx(math.log(1 / 4), abs=1e-6)
-    assert token_logprobs(logits, [0], top=0) == [TokenLogprob(0, first.top[1][1], ())]
+    assert token_logprobs(logits, [0], top=0) == [TokenLogprob(0, first.top[1][1], (), 2)]
+    assert (first.rank, second.rank) == (2, 1)  # 1 + the tokens more likely (ties share)
 
 
 @pytest.mark.parametrize("bad", [-1, 21, True, 2.0, "3"])

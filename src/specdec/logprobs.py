@@ -23,12 +23,14 @@ import torch
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One emitted token's log-probability and the ``top`` most likely tokens at its
-    position, most likely first, as (token id, log-probability) pairs."""
+    """One emitted token's log-probability, its ``rank`` in its row (1 + the tokens more
+    likely than it, vLLM's), and the ``top`` most likely tokens at its position, most
+    likely first, as (token id, log-probability) pairs."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 def row_logprobs(logits_row: torch.Tensor) -> torch.Tensor:
@@ -46,5 +48,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], top: int) -> 
         if top:
             values, ids = torch.topk(row, top, sorted=True)
             best = tuple(zip(ids.tolist(), values.tolist(), strict=True))
-        out.append(TokenLogprob(int(token_id), float(row[token_id]), best))
+        value = row[token_id]
+        rank = int((row > value).sum()) + 1
+        out.append(TokenLogprob(int(token_id), float(value), best, rank))
     return out

@@ -283,6 +283,46 @@ def test_several_prompts_are_each_completed_as_alone_in_order(server, client, mo
         assert status == 400 and "prompt is empty" in body["error"]["message"], body
 
 
+def test_prompt_logprobs_in_vllms_form(server, models):
+    """vLLM's prompt_logprobs: on each choice of a completion (and on a chat completion),
+    per prompt token null (the first) or {token id: {logprob, rank, decoded_token}} for the
+    token itself and the most likely ones: the engine's values; not streamed."""
+    prompt = "hello there, hello"
+    _, _, tokenizer = models
+    expected = alone(models, prompt, 4, k=3, prompt_logprobs=2)
+    status, body = post(
+        server, "/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0,
+                                    "n": 2, "prompt_logprobs": 2}
+    )  # fmt: skip
+    assert status == 200, body
+    ids = tokenizer.encode(prompt)
+    for choice in body["choices"]:
+        shown = choice["prompt_logprobs"]
+        assert shown[0] is None and len(shown) == len(ids)
+        pairs = zip(shown[1:], expected.prompt_logprobs[1:], ids[1:], strict=True)
+        for values, entry, token_id in pairs:
+            own = values[str(token_id)]
+            assert own["logprob"] == entry.logprob and own["rank"] == entry.rank >= 1
+            assert own["decoded_token"] == tokenizer.decode([token_id])
+            for place, (top_id, logprob) in enumerate(entry.top, start=1):
+                assert values[str(top_id)]["logprob"] == logprob
+                assert top_id == token_id or values[str(top_id)]["rank"] == place
+    status, plain = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 4})
+    assert "prompt_logprobs" not in plain["choices"][0]  # only where asked for
+    messages = [{"role": "user", "content": "hi"}]
+    status, chat = post(
+        server, "/v1/chat/completions", {"messages": messages, "max_tokens": 2,
+                                         "prompt_logprobs": 0}
+    )  # fmt: skip
+    assert status == 200 and chat["prompt_logprobs"][0] is None, chat
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    assert all(len(values) == 1 for values in chat["prompt_logprobs"][1:])
+    status, error = post(
+        server, "/v1/completions", {"prompt": prompt, "stream": True, "prompt_logprobs": 1}
+    )
+    assert status == 400 and "not streamed" in error["error"]["message"]
+
+
 def test_echo_with_max_tokens_0_scores_the_prompt_and_generates_nothing(client, models):
     """OpenAI's way to score a text: echo with max_tokens 0 gives the prompt and its tokens'
     logprobs (the engine's ``prompt_logprobs``), no completion, finish "length" and no

@@ -131,6 +131,29 @@ def prompt_only(chunk: Chunk) -> Chunk:
     )
 
 
+# One prompt's ``prompt_logprobs`` (the first None), as the engine gives them.
+Scored = Sequence[TokenLogprob | None]
+
+
+def vllm_prompt_logprobs(scored: Scored, text_of: TokenText) -> list[dict | None]:
+    """vLLM's ``prompt_logprobs``: for each prompt token, null (the first) or {token id:
+    {logprob, rank, decoded_token}} for the token itself, then the most likely ones."""
+
+    def one(token_id: int, logprob: float, rank: int | None) -> dict:
+        return {"logprob": logprob, "rank": rank, "decoded_token": text_of(token_id)[0]}
+
+    out: list[dict | None] = []
+    for entry in scored:
+        if entry is None:
+            out.append(None)
+            continue
+        values = {str(entry.token_id): one(entry.token_id, entry.logprob, entry.rank)}
+        for place, (token_id, logprob) in enumerate(entry.top, start=1):
+            values.setdefault(str(token_id), one(token_id, logprob, place))
+        out.append(values)
+    return out
+
+
 # A token of completions' logprobs: its id and values, None for an echoed prompt's first.
 Position = tuple[int, TokenLogprob | None]
 
@@ -171,6 +194,7 @@ def completion_body(
     use: ToolUse | None = None,
     echoes: Sequence[Echo | None] = (),
     made: list[list[Chunk]] | None = None,
+    prompt_scores: Sequence[Scored | None] = (),
 ) -> dict:
     """A whole completion (``chat.completion`` or ``text_completion``), one choice per
     chunk list, with ``usage`` (and its speculation) and the ``spec_stats`` extension;
@@ -179,8 +203,10 @@ def completion_body(
     ended finishes with "tool_calls". ``echoes``: the prompt each choice's text and logprobs
     begin with (``echo``; None, or none given: no echo). ``made``: every completion made,
     where ``best_of`` returns some (the usage and stats count them all, as OpenAI bills
-    them)."""
-    return {
+    them). ``prompt_scores``: each choice's prompt's ``prompt_logprobs`` where the request
+    asked for them (vLLM's extension: on each choice of a completion, on a chat
+    completion itself)."""
+    body: dict[str, Any] = {
         "id": response_id,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
@@ -193,6 +219,13 @@ def completion_body(
         "spec_stats": spec_stats(made or choices),
         "system_fingerprint": replica,
     }
+    shown = [None if s is None else vllm_prompt_logprobs(s, text_of) for s in prompt_scores]
+    if shown and chat:  # one conversation
+        body["prompt_logprobs"] = shown[0]
+    elif shown:
+        for choice, values in zip(body["choices"], shown, strict=True):
+            choice["prompt_logprobs"] = values
+    return body
 
 
 def _choice(

@@ -124,6 +124,13 @@ class _Common(_Strict):
         max_length=256,
         description="extension: token ids that end the output as EOS does (not in the text)",
     )
+    prompt_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="extension (vLLM's): each prompt token's log-probability, rank and this "
+        "many most likely tokens (the first null); not streamed",
+    )
     # Extensions for speculation (vLLM calls the first one num_speculative_tokens too).
     num_speculative_tokens: int | Literal["auto"] | None = None
     drafter: str | None = None
@@ -133,6 +140,12 @@ class _Common(_Strict):
     response_format: ResponseFormat | None = None
     guided_regex: str | None = None
     guided_grammar: str | None = None
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_whole(self):
+        if self.stream and self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs are not streamed (vLLM's rule): stream: false")
+        return self
 
     @field_validator("logit_bias")
     @classmethod
@@ -274,7 +287,10 @@ class CompletionRequest(_Common):
         return self.logprobs
 
     def prompt_logprobs_wanted(self) -> int | None:
-        """``SamplingParams.prompt_logprobs``: an echoed prompt's, with ``logprobs``."""
+        """``SamplingParams.prompt_logprobs``: the request's own, else an echoed prompt's,
+        with ``logprobs`` (vLLM's rule)."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
         return self.logprobs if self.echo else None
 
 
@@ -431,8 +447,8 @@ class ChatCompletionRequest(_Common):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def prompt_logprobs_wanted(self) -> int | None:
-        """None: chat does not echo its prompt."""
-        return None
+        """``SamplingParams.prompt_logprobs``: the conversation's, where asked for."""
+        return self.prompt_logprobs
 
 
 CompletionBody = CompletionRequest | ChatCompletionRequest  # what the two routes take

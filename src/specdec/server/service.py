@@ -209,9 +209,10 @@ class Service:
         if failed:
             self.cancel(jobs)
             raise as_api_error(failed[0])
+        scores = [firsts[place * made].prompt_logprobs for place in range(len(prompts))]
         echoes = [  # each prompt scored by its first choice
-            None if echo is None else replace(echo, scored=firsts[place * made].prompt_logprobs)
-            for place, echo in enumerate(echoes)
+            None if echo is None else replace(echo, scored=scored)
+            for echo, scored in zip(echoes, scores, strict=True)
         ]
         if scores_only(body):
             firsts = [responses.prompt_only(first) for first in firsts]
@@ -261,6 +262,9 @@ class Service:
             use,
             [echoes[i // body.n] for i in range(len(returned))],
             choices,
+            [scores[i // body.n] for i in range(len(returned))]
+            if body.prompt_logprobs is not None
+            else (),
         )
 
     async def tokenize(self, body: TokenizeText | TokenizeChat) -> dict:
