@@ -136,7 +136,10 @@ def add_parser(commands) -> None:
         "prompt, is copied: the same bits, less prefill)",
     )
     serve.add_argument(
-        "--max-queue", type=int, default=16, help="requests that may wait (default: 16)"
+        "--max-queue",
+        type=int,
+        default=128,
+        help="requests that may wait (default: 128; a waiting request holds no KV cache)",
     )
     add_cache_dir(serve)
     limits = serve.add_argument_group("request limits (each refusal is an OpenAI-shaped 4xx)")

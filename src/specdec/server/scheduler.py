@@ -83,7 +83,7 @@ class Scheduler:
         tokenizer,
         draft_model=None,
         max_active: int = 4,
-        max_queue: int = 16,
+        max_queue: int = 128,
         on_queue_change: Callable[[int, int], None] | None = None,
         heads: dict | None = None,
         max_rows: int = DEFAULT_MAX_ROWS,

@@ -367,8 +367,8 @@ class Service:
         capacity = self.scheduler.max_active + self.scheduler.max_queue
         if len(jobs) > capacity:
             message = (
-                f"n (times the prompts) must be <= {capacity} (the requests this server "
-                "holds at once)"
+                f"this request makes {len(jobs)} completions (prompts x n, or best_of); this "
+                f"server holds at most {capacity} at once (--max-active + --max-queue)"
             )
             raise ApiError(400, message, "n")
         for submitted, job in enumerate(jobs):

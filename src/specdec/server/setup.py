@@ -30,7 +30,7 @@ class ServerConfig:
     drafter: str = "model"
     k: int | str = "auto"
     max_active: int = 8
-    max_queue: int = 16
+    max_queue: int = 128  # a batch of 128 prompts (MAX_PROMPTS) fits with room to spare
     max_rows: int = DEFAULT_MAX_ROWS  # rows one batched target pass may score
     batching: bool = True  # int8/int4: one target pass per step for every active request
     prefix_sharing: bool = True  # batched: copy a prompt prefix another request's cache holds
