@@ -9,6 +9,7 @@ import torch
 
 from helpers import backend, random_ids
 from specdec import Engine, SamplingParams, SpecConfig
+from specdec.backends.batched import BatchedModel
 from specdec.backends.quant.convert import make_int4_batch_invariant, make_int8_batch_invariant
 from specdec.drafters import ModelDrafter
 from specdec.engine import Run
@@ -115,3 +116,35 @@ def test_in_parts_and_after_a_held_prefix_the_values_are_the_same(quantized, mon
         chunks = list(run.rounds())
         assert chunks[0].prompt_logprobs == whole.prompt_logprobs
         assert [t for c in chunks for t in c.token_ids] == whole.token_ids
+
+
+def test_a_prompt_that_begins_like_one_scored_before_reuses_its_scores(quantized):
+    """Sequences of one model share prompt scores as they share keys and values
+    (``ModelSequence.prefix_scores``): a prompt that begins like one scored before (another
+    choice after a multiple-choice question's context) computes only its own tail, and its
+    values are those it gets scored alone, bit for bit; scores with another top are not
+    shared."""
+    target, _ = quantized
+    shared = random_ids(13, 50)
+    first, second = shared + random_ids(14, 6), shared + random_ids(15, 9)
+    params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=3, ignore_eos=True)
+    batched = BatchedModel(target)
+    fed: list[int] = []
+    forward_many = batched.forward_many
+
+    def counted(work, parents=None):
+        fed.append(sum(len(tokens) for _, tokens, _ in work))
+        return forward_many(work, parents)
+
+    batched.forward_many = counted  # type: ignore[method-assign]
+    Engine(batched.sequence()).generate(first, params)
+    before = sum(fed)
+    out = Engine(batched.sequence()).generate(second, params)
+    alone = Engine(BatchedModel(target).sequence()).generate(second, params)
+    assert out.prompt_logprobs == alone.prompt_logprobs and out.token_ids == alone.token_ids
+    # rows fed: the 9 tokens after the shared 49 (the 50th's score is known), one step
+    assert sum(fed) - before == len(second) - len(shared) + 1 + 1
+    other_top = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=2, ignore_eos=True)
+    before = sum(fed)
+    Engine(batched.sequence()).generate(second, other_top)
+    assert sum(fed) - before == len(second) + 1  # scored afresh from an empty cache

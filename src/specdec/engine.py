@@ -359,25 +359,46 @@ class Run:
     def _score_prompt(self, rows: int | None) -> int:
         """``prompt_logprobs``: the target's prefill of all but the last prompt token (or
         of ``rows`` more of them) with every row's logits: row i scores prompt token i + 1.
-        The first part starts from an empty cache (a prefix another request left holds no
-        logits). On specdec's runtimes each row is the one a pass of any other size gives,
-        so a prompt token's values are those its position gets when decoding, bit for bit
+        The first part starts after the scores another sequence of the model has for the
+        prompt's beginning, else from an empty cache (``_reuse_scores``). On specdec's
+        runtimes each row is the one a pass of any other size gives, so a prompt token's
+        values are those its position gets when decoding, bit for bit
         (``tests/test_prompt_logprobs.py``). Returns how many tokens it fed."""
         scored = self.prompt_logprobs
         if scored is None or self._prompt_scored():
             return 0
+        top = self.params.prompt_logprobs or 0
         start = len(scored) - 1  # the cache holds the prompt up to here
         if start == 0:
-            self.target.truncate(0)
+            start = self._reuse_scores(top)
         last = self.stats.prompt_tokens - 1
         end = last if rows is None else min(last, start + max(rows, 1))
-        top = self.params.prompt_logprobs or 0
         for at in range(start, end, self.SCORE_ROWS):
             upto = min(end, at + self.SCORE_ROWS)
             logits = self.target.forward(self.context[at:upto])  # rows at .. upto - 1
             self.stats.target_forwards += 1
             scored.extend(token_logprobs(logits, self.context[at + 1 : upto + 1], top))
         return end - start
+
+    def _reuse_scores(self, top: int) -> int:
+        """Before scoring the prompt: the scores another sequence of this model has for its
+        beginning (``ModelSequence.prefix_scores``; the same bits on specdec's runtimes),
+        and the cache holding the tokens they cover (copied or kept: ``held_prefix``); the
+        cache empty where there are none (a prefix it holds kept no logits). This prompt's
+        scores are offered in turn. Returns where scoring goes on."""
+        scored = self.prompt_logprobs
+        assert scored is not None, "a prompt to score"
+        prompt = self.context[: self.stats.prompt_tokens]
+        find = getattr(self.target, "prefix_scores", None)
+        known = find(prompt, top) if find is not None else [None]
+        held = held_prefix(self.target, prompt[: len(known) - 1]) if len(known) > 1 else 0
+        if held == 0:
+            self.target.truncate(0)
+        scored[:] = known[: held + 1]
+        keep = getattr(self.target, "keep_scores", None)
+        if keep is not None:
+            keep(prompt, scored, top)
+        return held
 
     def _round(self) -> Chunk:
         proposal, draft_seconds = self.propose()

@@ -21,7 +21,9 @@ Shared prefixes (``ModelSequence.reuse_prefix``): a new sequence whose tokens be
 another's (a chat template's system prompt, a shared instruction) copies that sequence's keys
 and values for the common prefix instead of computing them. Since every row is computed as
 it would be alone, those are the very bits its own prefill would give. The sequences alive,
-and the few most recently made, are the donors.
+and the few most recently made, are the donors. A prompt's scores (``prompt_logprobs``) are
+shared the same way (``ModelSequence.prefix_scores``): choices of one question scored one
+after another (lm-evaluation-harness's multiple choice) compute their common context once.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from specdec.backends.layer_stack import LayerParts, LayerStack
 from specdec.backends.quant.int4 import RowInt4Linear
 from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.backends.trim import TrimmedHead
+from specdec.logprobs import TokenLogprob
 from specdec.tree import check, row_depths
 
 
@@ -74,6 +77,8 @@ class ModelSequence:
         self.layers = [KVBuffer() for _ in range(model.stack.size)]
         self._ids: list[int] = []
         self._hidden: torch.Tensor | None = None  # [capacity, hidden] once kept
+        # A prompt's scores, as they grow (``keep_scores``): top, prompt tokens, entries.
+        self._scores: tuple[int, list[int], list[TokenLogprob | None]] | None = None
 
     @property
     def cached_token_ids(self) -> Sequence[int]:
@@ -166,6 +171,31 @@ class ModelSequence:
         if self._hidden is not None and donor._hidden is not None:
             self._hidden = donor._hidden[:best].clone()
         self.source.reused_tokens += best
+        return best
+
+    def keep_scores(
+        self, token_ids: Sequence[int], scored: list[TokenLogprob | None], top: int
+    ) -> None:
+        """Offer a prompt's scores to the model's other sequences (``prefix_scores``):
+        ``scored`` (``Run.prompt_logprobs``, each with ``top`` most likely tokens; entry i
+        is token i's) as it grows while ``token_ids`` are scored."""
+        self._scores = (top, list(token_ids), scored)
+
+    def prefix_scores(self, token_ids: Sequence[int], top: int) -> list[TokenLogprob | None]:
+        """The scores of the longest prefix of ``token_ids`` that this or another sequence
+        of the model has scored with ``top`` most likely tokens (``keep_scores``): entry i
+        token i's, ``[None]`` where none. On these runtimes the very values a prefill of
+        those tokens gives (every row is computed as alone)."""
+        from specdec.backends.base import common_prefix_length
+
+        best: list[TokenLogprob | None] = [None]
+        for other in [self, *self._donors()]:
+            if other._scores is None or other._scores[0] != top:
+                continue
+            _, tokens, scored = other._scores
+            length = common_prefix_length(tokens[: len(scored)], token_ids)
+            if length > len(best):
+                best = scored[:length]
         return best
 
     def _donors(self) -> list[ModelSequence]:
