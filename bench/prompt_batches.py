@@ -1,9 +1,10 @@
 """Several prompts in one completion request through `specdec serve` (its defaults), as
 lm-evaluation-harness's ``local-completions`` sends a batch: 8 prompts in one request
-against the same 8 asked one request after another. Two jobs: scoring texts (``echo``,
-``logprobs`` 1, ``max_tokens`` 1, greedy: its log-likelihood requests) and greedy
-completions of 48 tokens (its ``generate_until``). Every mode must give the same texts and
-log-probabilities (checked).
+against the same 8 asked one request after another. Three jobs: scoring texts (``echo``,
+``logprobs`` 1, ``max_tokens`` 1, greedy: its log-likelihood requests), the same for 2
+multiple-choice questions of 4 answers each (each answer after the question's text, as
+lm-eval scores a choice), and greedy completions of 48 tokens (its ``generate_until``).
+Every mode must give the same texts and log-probabilities (checked).
 
     python bench/prompt_batches.py [--passes 3] [--out DIR]
 
@@ -36,6 +37,19 @@ def prompts() -> list[str]:
     return read("code.jsonl")[:5] + read("summary.jsonl")[:3]
 
 
+def questions() -> list[str]:
+    """2 multiple-choice questions (a summary text, then a question) with 4 answers each, as
+    lm-evaluation-harness scores them: the context, then each answer after it."""
+    lines = (WORKLOADS / "summary.jsonl").read_text().splitlines()
+    texts = [json.loads(line)["prompt"] for line in lines][3:5]
+    answers = [" speed", " accuracy", " memory use", " the cost of training"]
+    return [
+        f"{text}\n\nQuestion: what is the text mainly about?\nAnswer:{a}"
+        for text in texts
+        for a in answers
+    ]
+
+
 def main() -> int:
     from openai import OpenAI
     from serving import stop, wait_ready  # bench/serving.py, beside this script
@@ -55,15 +69,17 @@ def main() -> int:
         wait_ready(PORT)
         client = OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="unused", timeout=900)
         model = client.models.list().data[0].id
+        scoring = dict(echo=True, logprobs=1, max_tokens=1, temperature=0)
         jobs = {
-            "score": dict(echo=True, logprobs=1, max_tokens=1, temperature=0),
-            "generate": dict(max_tokens=args.max_tokens, temperature=0),
+            "score": (batch, scoring),
+            "choices": (questions(), scoring),
+            "generate": (batch, dict(max_tokens=args.max_tokens, temperature=0)),
         }
 
         def ask(job: str, texts: list[str]) -> tuple[list, int]:
             """The answers (text and logprobs each) and the request's tokens, prompt and
             completion."""
-            reply = client.completions.create(model=model, prompt=texts, **jobs[job])
+            reply = client.completions.create(model=model, prompt=texts, **jobs[job][1])
             answers = [
                 (c.text, c.logprobs.token_logprobs if c.logprobs else None)
                 for c in sorted(reply.choices, key=lambda c: c.index)
@@ -71,11 +87,11 @@ def main() -> int:
             return answers, reply.usage.prompt_tokens + reply.usage.completion_tokens
 
         def in_turn(job: str) -> tuple[list, int]:
-            asked = [ask(job, [text]) for text in batch]
+            asked = [ask(job, [text]) for text in jobs[job][0]]
             return [a for answers, _ in asked for a in answers], sum(n for _, n in asked)
 
         modes = {
-            "one request, 8 prompts": lambda job: ask(job, batch),
+            "one request, 8 prompts": lambda job: ask(job, jobs[job][0]),
             "8 requests in turn": in_turn,
         }
         ask("generate", batch[:2])  # warm up
@@ -92,7 +108,8 @@ def main() -> int:
         "# 8 prompts in one completion request through `specdec serve` (its defaults)",
         "",
         f"CPU: {cpu_name()} ({cpu_kind()}); {args.passes} passes, medians, modes interleaved. "
-        f"score: echo, logprobs 1, max_tokens 1; generate: {args.max_tokens} tokens; greedy.",
+        f"score and choices: echo, logprobs 1, max_tokens 1; generate: {args.max_tokens} "
+        "tokens; greedy.",
         "",
         "| job | mode | wall s | vs in turn | prompt + completion tokens | same answers |",
         "|---|---|---:|---:|---:|---|",
