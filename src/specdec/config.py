@@ -20,6 +20,9 @@ DEFAULT_MAX_ROWS = 32
 # steps. One pass of ``BatchedModel.PASS_ROWS``: the shortest stall of the streams measured,
 # for a later first token of the long prompt (bench/results/2026-12-05-long-join-xeon-amx).
 DEFAULT_PREFILL_ROWS = 64
+# Requests a server lets wait beyond its active ones (a waiting request holds no KV cache):
+# room for a batch of 128 prompts in one request (``server/schemas.py``'s MAX_PROMPTS).
+DEFAULT_MAX_QUEUE = 128
 
 TREES = ("off", "auto", "full", "deep")
 VERIFICATIONS = ("auto", "rejection", "coupled")

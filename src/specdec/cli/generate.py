@@ -456,7 +456,7 @@ def build_engine(args: argparse.Namespace, recipe: str):
     tokenizer is loaded: ``--drafter auto`` goes by the prompt's length)."""
     from specdec.backends.compat import check_same_vocabulary
     from specdec.drafters import NGramModel
-    from specdec.drafters.prediction import Prediction, PredictionDrafter
+    from specdec.drafters.prediction import Prediction, PredictionDrafter, predicted_ids
     from specdec.drafters.recipe import DraftSources, build_drafter, with_prediction
     from specdec.engine import Engine
     from specdec.heads.load import load_drafter
@@ -500,9 +500,7 @@ def build_engine(args: argparse.Namespace, recipe: str):
             lookup_ngrams=(args.lookup_max_ngram, args.lookup_min_ngram),
         )
         if args.prediction:
-            predicted = Prediction(
-                target.tokenizer.encode(args.prediction, add_special_tokens=False)
-            )
+            predicted = Prediction(predicted_ids(target.tokenizer, args.prediction))
             made = functools.partial(PredictionDrafter, predicted, len(prompt_ids))
             sources, recipe = replace(sources, prediction=made), with_prediction(recipe)
         drafter = build_drafter(recipe if args.k != 0 else "none", sources)

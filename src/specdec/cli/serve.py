@@ -16,7 +16,7 @@ from specdec.arguments import (
     k_value,
     port_value,
 )
-from specdec.config import DEFAULT_MAX_ROWS, DEFAULT_PREFILL_ROWS
+from specdec.config import DEFAULT_MAX_QUEUE, DEFAULT_MAX_ROWS, DEFAULT_PREFILL_ROWS
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.runtime import HELP as RUNTIME_HELP
 from specdec.runtime import TRANSFORMERS_DTYPES, runtime_value
@@ -138,8 +138,9 @@ def add_parser(commands) -> None:
     serve.add_argument(
         "--max-queue",
         type=int,
-        default=128,
-        help="requests that may wait (default: 128; a waiting request holds no KV cache)",
+        default=DEFAULT_MAX_QUEUE,
+        help=f"requests that may wait (default: {DEFAULT_MAX_QUEUE}; a waiting request holds "
+        "no KV cache)",
     )
     add_cache_dir(serve)
     limits = serve.add_argument_group("request limits (each refusal is an OpenAI-shaped 4xx)")

@@ -23,6 +23,12 @@ from specdec.sampling import Sampler
 PREDICTION = "prediction"  # the drafter's name, in a request's ``SpecStats.by_drafter``
 
 
+def predicted_ids(tokenizer, text: str) -> list[int]:
+    """A predicted output's token ids: its text encoded as output is (no special tokens
+    added in front)."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 class Prediction:
     """A predicted output's token ids and where each of its n-grams (``min_ngram`` to
     ``max_ngram`` tokens) ends, where a continuation follows. Made once a request (0.45 s

@@ -18,12 +18,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from specdec.prompting import chat_ids
-from specdec.server.errors import (
-    ERROR_SCHEMA,
-    ApiError,
-    document_400_not_422,
-    install_error_handlers,
-)
+from specdec.server.errors import ERROR_SCHEMA, document_400_not_422, install_error_handlers
 from specdec.server.guard import Guard, Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler
@@ -112,9 +107,7 @@ def create_app(
     @app.get("/v1/models/{model_id:path}", responses={404: ERROR_SCHEMA})
     async def model(model_id: str):
         """OpenAI's retrieve: the served model's card; any other name is a 404."""
-        if model_id != model_name:
-            message = f"model {model_id!r} is not served here; use {model_name!r}"
-            raise ApiError(404, message, "model", "model_not_found")
+        service.check_model(model_id, 404)
         return card
 
     @app.get(

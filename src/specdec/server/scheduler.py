@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from specdec.backends.base import Backend, Model
 from specdec.backends.batched import BatchedModel
 from specdec.backends.hf import model_of
-from specdec.config import DEFAULT_MAX_ROWS, DEFAULT_PREFILL_ROWS, SamplingParams, SpecConfig
+from specdec.config import (
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_ROWS,
+    DEFAULT_PREFILL_ROWS,
+    SamplingParams,
+    SpecConfig,
+)
 from specdec.controller import BatchDrafting, KPolicy
 from specdec.drafters import Drafter
 from specdec.drafters.prediction import Prediction, PredictionDrafter
@@ -83,7 +89,7 @@ class Scheduler:
         tokenizer,
         draft_model=None,
         max_active: int = 4,
-        max_queue: int = 128,
+        max_queue: int = DEFAULT_MAX_QUEUE,
         on_queue_change: Callable[[int, int], None] | None = None,
         heads: dict | None = None,
         max_rows: int = DEFAULT_MAX_ROWS,

@@ -19,7 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from specdec.adjustments import check_token_ids
 from specdec.config import SEED_RANGE, Constraint, SamplingParams, SpecConfig
-from specdec.drafters.prediction import Prediction
+from specdec.drafters.prediction import Prediction, predicted_ids
 from specdec.drafters.recipe import in_front, with_prediction
 from specdec.engine import Chunk
 from specdec.grammar import Grammar
@@ -63,10 +63,12 @@ class Service:
     def __post_init__(self) -> None:
         self.text_of = responses.TokenText(self.scheduler.tokenizer)
 
-    def check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None, status: int = 400) -> None:
+        """A request naming another model than the served one: an error of ``status``
+        (400 for a field of a body; 404 for a path, OpenAI's retrieve)."""
         if model not in (None, self.model_name):
             message = f"model {model!r} is not served here; use {self.model_name!r}"
-            raise ApiError(400, message, "model", "model_not_found")
+            raise ApiError(status, message, "model", "model_not_found")
 
     def check_cheap(self, body: CompletionBody) -> None:
         """The model, drafter, k and stop limits: before any tokenizing."""
@@ -342,7 +344,7 @@ class Service:
     def indexed(self, text: str) -> Prediction | None:
         """A predicted output's tokens, indexed (None for an empty one); no longer than a
         prompt may be (the output cannot be longer than the context either)."""
-        token_ids = self.scheduler.tokenizer.encode(text, add_special_tokens=False)
+        token_ids = predicted_ids(self.scheduler.tokenizer, text)
         limit = self.limits.max_prompt_tokens or self.scheduler.max_length
         if limit is not None and len(token_ids) > limit:
             message = f"prediction has {len(token_ids)} tokens; this server takes at most {limit}"

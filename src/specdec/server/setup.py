@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
-from specdec.config import DEFAULT_MAX_ROWS, DEFAULT_PREFILL_ROWS
+from specdec.config import DEFAULT_MAX_QUEUE, DEFAULT_MAX_ROWS, DEFAULT_PREFILL_ROWS
 from specdec.server.app import create_app
 from specdec.server.guard import Limits
 from specdec.server.scheduler import Scheduler
@@ -30,7 +30,7 @@ class ServerConfig:
     drafter: str = "model"
     k: int | str = "auto"
     max_active: int = 8
-    max_queue: int = 128  # a batch of 128 prompts (MAX_PROMPTS) fits with room to spare
+    max_queue: int = DEFAULT_MAX_QUEUE
     max_rows: int = DEFAULT_MAX_ROWS  # rows one batched target pass may score
     batching: bool = True  # int8/int4: one target pass per step for every active request
     prefix_sharing: bool = True  # batched: copy a prompt prefix another request's cache holds
