@@ -27,6 +27,14 @@ def _valid_text(value: str, what: str) -> str:
 MAX_PROMPTS = 128  # a completion request's prompts (each with its n choices)
 
 
+def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """A completion's ``prompt`` as a list of prompts: a list of texts or of id lists as it
+    is, one text or one list of ids (an empty one included) in a list of its own."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return cast(list[str | list[int]], prompt)
+    return [cast(str | list[int], prompt)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -237,8 +245,8 @@ class CompletionRequest(_Common):
     @field_validator("prompt")
     @classmethod
     def _prompts(cls, value):
-        several = isinstance(value, list) and value and isinstance(value[0], str | list)
-        for prompt in value if several else [value]:
+        prompts = _prompt_list(value)
+        for prompt in prompts:
             if isinstance(prompt, list):
                 if not prompt:
                     raise ValueError("prompt is empty")
@@ -246,8 +254,8 @@ class CompletionRequest(_Common):
                     raise ValueError("prompt token ids must be >= 0")
             else:
                 _valid_text(prompt, "prompt")
-        if several and len(value) > MAX_PROMPTS:
-            raise ValueError(f"at most {MAX_PROMPTS} prompts a request, got {len(value)}")
+        if len(prompts) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts a request, got {len(prompts)}")
         return value
 
     @field_validator("suffix")
@@ -277,10 +285,7 @@ class CompletionRequest(_Common):
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts to complete, each a text or its token ids."""
-        value = self.prompt
-        if isinstance(value, list) and isinstance(value[0], str | list):
-            return cast(list[str | list[int]], value)
-        return [value]  # one text, or one list of ids
+        return _prompt_list(self.prompt)
 
     def logprobs_wanted(self) -> int | None:
         """``SamplingParams.logprobs``: None, or how many most likely tokens to return."""
