@@ -298,3 +298,61 @@ def test_a_request_that_drafts_nothing_makes_no_draft_sequence(pair):
     plain.spec = SpecConfig(k=0)
     scheduler._step_batched([_Active(plain)])
     assert not made and tokens_of(plain)
+
+
+def test_a_prompt_that_begins_like_one_ahead_waits_and_copies_that_beginning(pair, parts):
+    """Prompts that come together and share a beginning longer than a part (a question's
+    answers): the later one skips its prefill while the one ahead computes that beginning,
+    then copies it and computes only its own tail; a prompt with nothing in common goes on
+    beside them. Every output is the request's alone."""
+    target, draft, tokenizer = pair
+    scheduler = Scheduler(target, tokenizer, draft, prefill_rows=16)
+    common = random_ids(14, 40, vocab=30)
+    ahead, behind = (_Active(job(common + random_ids(s, 10, vocab=30), 6)) for s in (15, 16))
+    other = _Active(job(random_ids(17, 50, vocab=30), 6))
+    entries = [ahead, behind, other]
+    for _ in range(2):  # ahead holds 16, then 32 of the 40 tokens in common
+        fed = fed_in(parts, lambda: scheduler._step_batched(entries))
+        assert fed == {ahead.run: 16, other.run: 16} and behind.run is None
+    copied = scheduler.batched.reused_tokens
+    fed_in(parts, lambda: scheduler._step_batched(entries))  # ahead's third part: 48 held
+    assert scheduler.batched.reused_tokens - copied == 40
+    # then its own 10 in the same step, the last one scored for its first token
+    assert behind.run.target.cached_token_ids[:50] == behind.job.prompt_ids
+    assert len(tokens_of(behind.job)) == 1
+    while any(entry.job.items[-1:] != [None] for entry in entries):
+        scheduler._step_batched([e for e in entries if e.job.items[-1:] != [None]])
+    for entry in entries:
+        assert tokens_of(entry.job) == alone(pair, entry.job.prompt_ids, 6)
+
+
+def test_without_prefix_sharing_no_prompt_waits(pair, parts):
+    target, draft, tokenizer = pair
+    scheduler = Scheduler(target, tokenizer, draft, prefill_rows=16, prefix_sharing=False)
+    common = random_ids(14, 40, vocab=30)
+    ahead, behind = (_Active(job(common + random_ids(s, 10, vocab=30), 6)) for s in (15, 16))
+    fed = fed_in(parts, lambda: scheduler._step_batched([ahead, behind]))
+    assert fed == {ahead.run: 16, behind.run: 16}
+
+
+@pytest.mark.parametrize("top", [1, 2])
+def test_a_scored_prompt_waits_for_scores_like_its_own_and_takes_them(pair, top):
+    """Scoring answers (prompt log-probabilities, one token): the later waits for one ahead
+    that keeps scores with as many most likely tokens, takes them with the cache, and gives
+    the scores the prompt gets alone, bit for bit; for one that keeps other scores it does
+    not wait (it could not take them)."""
+    target, draft, tokenizer = pair
+    scheduler = Scheduler(target, tokenizer, draft, prefill_rows=16)
+    common = random_ids(18, 40, vocab=30)
+    ahead, behind = (_Active(job(common + random_ids(s, 10, vocab=30), 1)) for s in (19, 20))
+    ahead.job.params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+    behind.job.params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top)
+    scheduler._step_batched([ahead, behind])
+    assert (behind.run is None) == (top == 1)
+    while any(entry.job.items[-1:] != [None] for entry in (ahead, behind)):
+        scheduler._step_batched([e for e in (ahead, behind) if e.job.items[-1:] != [None]])
+    for entry in (ahead, behind):
+        engine = Engine(backend(target, tokenizer))
+        out = engine.generate(entry.job.prompt_ids, entry.job.params)
+        first = entry.job.items[0]
+        assert first.prompt_logprobs == out.prompt_logprobs and first.token_ids == out.token_ids

@@ -8,7 +8,9 @@ each drafts, the target scores all of them at once, each accepts its own count; 
 requests leave and waiting ones join at the next step. ``max_rows`` caps the rows one pass
 scores, split evenly, so one request's k cannot slow the others; ``prefill_rows`` caps the
 prompt tokens a step prefills into each model for a joining request, so a long prompt is fed
-in parts between the others' steps instead of stopping them for the whole of its prefill.
+in parts between the others' steps instead of stopping them for the whole of its prefill;
+a joining prompt that begins like one ahead of it still in its prefill waits until that one
+holds their common beginning, then copies it instead of computing it too.
 Whether a step drafts at all is learned per batch size (``controller.BatchDrafting``): a
 batch decoding plainly already uses the compute that speculation uses alone. On other
 runtimes active requests advance one round each in turn. Either way a long request cannot
@@ -28,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from specdec.backends.base import Backend, Model
+from specdec.backends.base import Backend, Model, common_prefix_length
 from specdec.backends.batched import BatchedModel
 from specdec.backends.hf import model_of
 from specdec.config import (
@@ -282,7 +284,8 @@ class Scheduler:
         first, at most ``prefill_rows`` prompt tokens a step into each model's cache (a
         longer prompt goes on at the next steps; a prefix another request's cache holds is
         copied, not computed: ``ModelSequence.reuse_prefix``); a job whose prefill is done
-        joins the step. Prompts that fit join in the step they come, together. A long
+        joins the step. Prompts that fit join in the step they come, together; one that
+        begins like a job ahead of it still in its prefill waits for it (``_waits``). A long
         prompt's first token comes from its prefill's last part and goes to its client at
         once (``Run.first_token_part``), not after the others' prefills and the step."""
         assert self.batched is not None, "only with a batched model"
@@ -291,11 +294,14 @@ class Scheduler:
         # A batch that does not draft at its size now leaves the draft's prefill to the
         # first proposal (if the batch shrinks and drafts).
         prepare_drafter = self.batch_drafting.prefers_drafting(len(entries))
+        prefilling: list[tuple[Job, Run]] = []  # jobs ahead whose prefill goes on
         for entry in entries:
             if entry.job.cancelled.is_set():
                 self._release(entry.job)
                 continue
             if not entry.started:
+                if self.batched.share_prefixes and _waits(entry.job, prefilling):
+                    continue
                 try:
                     if entry.run is None:
                         entry.run = self._begin(entry.job)
@@ -310,6 +316,7 @@ class Scheduler:
                     entry.job.put(error)
                     continue
                 if not entry.run.prefilled:
+                    prefilling.append((entry.job, entry.run))
                     continue  # the rest at the next steps
             assert entry.run is not None, "a started job has its run"
             jobs.append(entry.job)
@@ -334,6 +341,26 @@ class Scheduler:
             job.put(END)
             return
         job.put(chunk)
+
+
+def _waits(job: Job, prefilling: list[tuple[Job, Run]]) -> bool:
+    """Whether a joining ``job`` skips its prefill this step: a job ahead of it, still in
+    its prefill, is computing a beginning of its prompt and does not hold all of it yet.
+    Once it does, ``job`` copies it (``ModelSequence.reuse_prefix``, the scores with it:
+    ``prefix_scores``) instead of computing the same rows beside it; as that one goes at
+    a part a step, ``job`` is prefilled about as soon as it would have been, and the steps
+    between cost the others less (the answers of one question sent in one request). A job
+    that scores its prompt waits only for one that keeps scores like its own."""
+    scores = job.params.prompt_logprobs
+    for other, run in prefilling:
+        if scores is not None and other.params.prompt_logprobs != scores:
+            continue  # its scores are not this job's to take
+        common = common_prefix_length(other.prompt_ids, job.prompt_ids)
+        # a target's prefill holds all of a prompt but its last token (fed by the first round)
+        common = min(common, len(other.prompt_ids) - 1, len(job.prompt_ids) - 1)
+        if common_prefix_length(run.target.cached_token_ids, job.prompt_ids) < common:
+            return True
+    return False
 
 
 def _as_model(model, tokenizer=None) -> Model | None:
