@@ -187,6 +187,41 @@ def test_n_choices_are_the_request_with_seed_plus_i_streamed_or_not(client, mode
     assert events[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_include_usage_sends_the_usage_in_a_last_event_of_its_own(client, chat):
+    """``stream_options.include_usage`` (OpenAI's): every event carries ``usage`` null
+    but one more after the choices' last, with no choices, whose usage is the one the
+    request gets unstreamed (its tokens, summed over the n choices), ``spec_stats`` with it;
+    without it, the usage rides on the last choice's finish, the events before without it."""
+    kwargs = dict(model=MODEL, max_tokens=12, temperature=0.9, seed=3, n=2)
+    if chat:
+        create, kwargs["messages"] = (
+            client.chat.completions.create,
+            [{"role": "user", "content": "hello"}],
+        )
+    else:
+        create, kwargs["prompt"] = client.completions.create, "hello"
+    whole = create(**kwargs)
+    options = {"include_usage": True}
+    with create(**kwargs, stream=True, stream_options=options) as stream:
+        events = list(stream)
+    last = events[-1]
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert last.choices == [] and last.usage is not None
+    assert [getattr(last.usage, n) for n in counts] == [getattr(whole.usage, n) for n in counts]
+    assert last.model_extra["spec_stats"]["drafted_tokens"] >= 0
+    assert all(e.choices and e.usage is None and "usage" in e.model_fields_set for e in events[:-1])
+    finishes = [c.finish_reason for e in events[:-1] for c in e.choices if c.finish_reason]
+    assert sorted(finishes) == sorted(c.finish_reason for c in whole.choices)
+    with create(**kwargs, stream=True, stream_options={"include_usage": False}) as stream:
+        plain = list(stream)
+    assert plain[-1].choices and plain[-1].usage is not None  # on the last finish, as before
+    assert [getattr(plain[-1].usage, n) for n in counts] == [
+        getattr(whole.usage, n) for n in counts
+    ]
+    assert all(e.usage is None and "usage" not in e.model_fields_set for e in plain[:-1])
+
+
 def test_echo_gives_the_prompt_and_its_logprobs_before_each_completion(client, models):
     """echo: each choice's text begins with the prompt; with logprobs its tokens come first,
     their values the engine's ``prompt_logprobs`` (the first null), then the completion's;

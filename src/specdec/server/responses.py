@@ -269,11 +269,16 @@ class StreamEvents:
         replica: str | None,
         text_of: TokenText,
         echoes: Sequence[Echo | None] = (),
+        usage_apart: bool = False,
     ):
-        """``echoes``: the prompt each choice repeats first (``echo``; None: none)."""
+        """``echoes``: the prompt each choice repeats first (``echo``; None: none).
+        ``usage_apart``: OpenAI's ``stream_options.include_usage``: every event has
+        ``usage`` null, and the usage comes in an event of its own, with no choices, last
+        (``usage``); without it the usage rides on the last choice's finish."""
         self.response_id, self.model_name, self.chat = response_id, model_name, chat
         self.replica, self.created = replica, int(time.time())
         self.text_of, self.echoes = text_of, list(echoes)
+        self.usage_apart = usage_apart
         # of each choice's next token's text in its completion (completions' logprobs)
         self.offsets: dict[int, int] = {}
 
@@ -326,14 +331,20 @@ class StreamEvents:
         deltas = [{"index": i} | call.to_dict() for i, call in enumerate(calls)]
         return self._data({"index": index, "delta": {"tool_calls": deltas}, "finish_reason": None})
 
-    def _data(self, choice: dict, extra: dict | None = None) -> str:
+    def usage(self, extra: dict) -> str:
+        """With ``usage_apart``, the stream's last event: no choices, the usage (and the
+        other ``extra`` fields)."""
+        return self._data(None, extra)
+
+    def _data(self, choice: dict | None, extra: dict | None = None) -> str:
         payload = {
             "id": self.response_id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
             "created": self.created,
             "model": self.model_name,
-            "choices": [choice],
+            "choices": [] if choice is None else [choice],
             "system_fingerprint": self.replica,
+            **({"usage": None} if self.usage_apart else {}),
             **(extra or {}),
         }
         return f"data: {json.dumps(payload)}\n\n"

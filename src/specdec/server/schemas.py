@@ -102,7 +102,12 @@ class _Common(_Strict):
         "seed + i",
     )
     stream: bool = False
-    stream_options: dict[str, bool] | None = None  # usage is always in the last chunk
+    stream_options: dict[str, bool] | None = Field(
+        default=None,
+        description="include_usage: every chunk has usage null and one more, with no "
+        "choices, ends the stream with the usage (without it the last choice's last chunk "
+        "carries the usage)",
+    )
     user: str | None = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)

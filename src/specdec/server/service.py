@@ -230,6 +230,7 @@ class Service:
                 self.replica,
                 self.text_of,
                 [echoes[i // made] for i in range(len(jobs))],
+                usage_apart=bool((body.stream_options or {}).get("include_usage")),
             )
             return StreamingResponse(
                 self.stream(jobs, firsts, ttft, events, prompt_tokens, use),
@@ -477,7 +478,8 @@ class Service:
         use: ToolUse | None = None,
     ) -> AsyncIterator[str]:
         """The events of a streamed completion, each choice's as its chunks come (``index``
-        telling them apart); the last event, the last choice's end, carries the usage. With
+        telling them apart); the last choice's end carries the usage, or an event of its
+        own does after it (``StreamEvents.usage_apart``). With
         tools (``use``), text that may be a call is held back (``HeldText``) and read as
         calls at the end of its choice: sent as one ``tool_calls`` delta, or as text if it
         is not a well-formed call."""
@@ -523,6 +525,8 @@ class Service:
                     break
                 done, _ = await asyncio.wait(getters, return_when=asyncio.FIRST_COMPLETED)
                 arrived = sorted((getters.pop(future), future.result()) for future in done)
+            if events.usage_apart:
+                yield events.usage(totals(choices, prompt_tokens))
             yield responses.DONE
             status = "ok"
         finally:
@@ -552,15 +556,18 @@ class Service:
                 out.append(events.calls(reply.calls, index=index))
             elif choice.held.held:
                 out.append(events.event(choice.held.held, None, index=index))
-        extra = None
-        if last:
-            chunk_lists = [c.chunks for c in choices]
-            extra = {
-                "usage": responses.usage(prompt_tokens, chunk_lists),
-                "spec_stats": responses.spec_stats(chunk_lists),
-            }
+        extra = totals(choices, prompt_tokens) if last and not events.usage_apart else None
         out.append(events.event(None, finish, extra=extra, index=index))
         return out
+
+
+def totals(choices: list[ChoiceStream], prompt_tokens: int) -> dict:
+    """A stream's usage and ``spec_stats``, over all its choices."""
+    chunk_lists = [c.chunks for c in choices]
+    return {
+        "usage": responses.usage(prompt_tokens, chunk_lists),
+        "spec_stats": responses.spec_stats(chunk_lists),
+    }
 
 
 @dataclass
