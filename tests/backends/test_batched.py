@@ -99,19 +99,24 @@ def test_a_shared_prefix_is_copied_not_computed_and_gives_the_same_bits(int8_mod
     assert d.reuse_prefix(shared) == 0 and other.sequence().reuse_prefix(shared) == 12
 
 
-def test_a_finished_sequence_stays_a_donor_for_a_while(int8_model):
+def test_a_finished_sequence_stays_a_donor_until_later_ones_end(int8_model):
+    """A sequence no longer used stays a donor however many begin after it (a busy server's
+    requests, alive meanwhile), until ``RECENT`` others holding tokens have ended after it;
+    one that held nothing takes no place."""
     batched = BatchedModel(int8_model)
     first = batched.sequence()
     first.forward(random_ids(40, 10), last_only=True)
     del first  # its request ended
+    running = [batched.sequence() for _ in range(BatchedModel.RECENT + 4)]
+    for seed, sequence in enumerate(running):  # requests that began since, still going
+        sequence.forward([0] + random_ids(50 + seed, 5), last_only=True)  # 0: not in the 10
+    for _ in range(BatchedModel.RECENT + 1):
+        batched.sequence()  # made and dropped holding nothing
     later = batched.sequence()
     assert later.reuse_prefix(random_ids(40, 10) + [3]) == 10
-    for _ in range(BatchedModel.RECENT + 1):
-        batched.sequence()  # newer requests push it out
-    del later
-    import gc
-
-    gc.collect()
+    del later  # it ended too, holding that prefix
+    assert batched.sequence().reuse_prefix(random_ids(40, 10)) == 10
+    del running[: BatchedModel.RECENT]  # RECENT others end
     assert batched.sequence().reuse_prefix(random_ids(40, 10)) == 0
 
 

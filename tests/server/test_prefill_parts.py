@@ -289,7 +289,7 @@ def test_a_window_another_cache_holds_is_read_on_not_read_again_from_a_later_cut
 
 
 def test_a_request_that_drafts_nothing_makes_no_draft_sequence(pair):
-    """k = 0: no drafter, so no draft sequence takes a prefix donor's place."""
+    """k = 0: no drafter, nor a draft sequence made for nothing."""
     target, draft, tokenizer = pair
     scheduler = Scheduler(target, tokenizer, draft, prefill_rows=None)
     made = []

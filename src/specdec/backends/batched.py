@@ -21,9 +21,10 @@ Shared prefixes (``ModelSequence.reuse_prefix``): a new sequence whose tokens be
 another's (a chat template's system prompt, a shared instruction) copies that sequence's keys
 and values for the common prefix instead of computing them. Since every row is computed as
 it would be alone, those are the very bits its own prefill would give. The sequences alive,
-and the few most recently made, are the donors. A prompt's scores (``prompt_logprobs``) are
-shared the same way (``ModelSequence.prefix_scores``): choices of one question scored one
-after another (lm-evaluation-harness's multiple choice) compute their common context once.
+and the few last to end (``BatchedModel.RECENT``), are the donors. A prompt's scores
+(``prompt_logprobs``) are shared the same way (``ModelSequence.prefix_scores``): choices of
+one question scored one after another (lm-evaluation-harness's multiple choice) compute
+their common context once.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -63,6 +65,19 @@ def supports(model: Any) -> bool:
     return LayerStack.of([LayerParts.of(layer) for layer in layers]) is not None
 
 
+@dataclass(eq=False)
+class Held:
+    """What a sequence holds: a KV cache per decoder layer, the token ids in it, the kept
+    features (heads) and its prompt's scores as they grow (``keep_scores``: top, prompt
+    tokens, entries). It outlives its sequence for a while as a prefix donor
+    (``BatchedModel.retire``)."""
+
+    layers: list[KVBuffer]
+    ids: list[int] = field(default_factory=list)
+    hidden: torch.Tensor | None = None  # [capacity, hidden] once kept
+    scores: tuple[int, list[int], list[TokenLogprob | None]] | None = None
+
+
 class ModelSequence:
     """A ``Backend`` over one token sequence of a ``BatchedModel``: its own KV cache (and
     kept features, for heads); ``forward`` is a pass with this sequence alone."""
@@ -74,15 +89,17 @@ class ModelSequence:
         self.tokenizer = model.tokenizer
         self.vocab_size, self.eos_token_ids = model.vocab_size, model.eos_token_ids
         self.max_length = model.max_length
-        self.layers = [KVBuffer() for _ in range(model.stack.size)]
-        self._ids: list[int] = []
-        self._hidden: torch.Tensor | None = None  # [capacity, hidden] once kept
-        # A prompt's scores, as they grow (``keep_scores``): top, prompt tokens, entries.
-        self._scores: tuple[int, list[int], list[TokenLogprob | None]] | None = None
+        self.held = Held([KVBuffer() for _ in range(model.stack.size)])
+        weakref.finalize(self, model.retire, self.held)  # a donor for a while after it
 
     @property
     def cached_token_ids(self) -> Sequence[int]:
-        return self._ids
+        return self.held.ids
+
+    @property
+    def layers(self) -> list[KVBuffer]:
+        """Its KV cache, a buffer per decoder layer."""
+        return self.held.layers
 
     @property
     def batched(self) -> BatchedModel:
@@ -103,14 +120,14 @@ class ModelSequence:
     def keep_hidden_states(self) -> None:
         """Keep every cached position's final-norm output (see ``HFModel``); the cache
         restarts empty. Idempotent."""
-        if self._hidden is None:
+        if self.held.hidden is None:
             self.truncate(0)
-            self._hidden = torch.empty(0, self.hidden_size)
+            self.held.hidden = torch.empty(0, self.hidden_size)
 
     def hidden_states(self, start: int = 0, end: int | None = None) -> torch.Tensor:
-        if self._hidden is None:
+        if self.held.hidden is None:
             raise ValueError("hidden states are not kept: call keep_hidden_states() first")
-        return self._hidden[: len(self._ids)][start:end]
+        return self.held.hidden[: len(self.held.ids)][start:end]
 
     def forward(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
         return self.source.forward_many([(self, list(token_ids), last_only)])[0]
@@ -128,9 +145,9 @@ class ModelSequence:
         after them, indexed over all; the cached text is then what comes before the tree."""
         check(parents)
         held_tree = len(parents) - len(token_ids)
-        if not 0 <= held_tree <= len(self._ids):
+        if not 0 <= held_tree <= len(self.held.ids):
             raise ValueError(
-                f"{len(parents)} parents for {len(token_ids)} rows and {len(self._ids)} cached"
+                f"{len(parents)} parents for {len(token_ids)} rows and {len(self.held.ids)} cached"
             )
         return self.source.forward_many([(self, list(token_ids), False)], parents)[0]
 
@@ -138,17 +155,19 @@ class ModelSequence:
     def keep_path(self, start: int, rows: Sequence[int]) -> None:
         """After ``forward_tree`` of rows at ``start``: hold the first ``start`` positions
         and ``rows`` (a path from the root, increasing) after them."""
-        for layer in self.layers:
+        for layer in self.held.layers:
             layer.keep_path(start, rows)
-        self._ids[start:] = [self._ids[start + row] for row in rows]
-        if self._hidden is not None:
-            self._hidden[start : start + len(rows)] = self._hidden[[start + row for row in rows]]
+        self.held.ids[start:] = [self.held.ids[start + row] for row in rows]
+        if self.held.hidden is not None:
+            self.held.hidden[start : start + len(rows)] = self.held.hidden[
+                [start + row for row in rows]
+            ]
 
     def truncate(self, n: int) -> None:
-        assert 0 <= n <= len(self._ids), f"cannot keep {n} of {len(self._ids)}"
-        for layer in self.layers:
+        assert 0 <= n <= len(self.held.ids), f"cannot keep {n} of {len(self.held.ids)}"
+        for layer in self.held.layers:
             layer.crop(n)
-        del self._ids[n:]
+        del self.held.ids[n:]
 
     def reuse_prefix(self, token_ids: Sequence[int]) -> int:
         """Make the cache hold the longest prefix of ``token_ids`` that it or another
@@ -157,19 +176,19 @@ class ModelSequence:
         tokens would give (every row is computed as alone)."""
         from specdec.backends.base import common_prefix_length
 
-        best, donor = common_prefix_length(self._ids, token_ids), None
+        best, donor = common_prefix_length(self.held.ids, token_ids), None
         for other in self._donors():
-            length = common_prefix_length(other._ids, token_ids)
+            length = common_prefix_length(other.ids, token_ids)
             if length > best:
                 best, donor = length, other
         if donor is None:
             self.truncate(best)
             return best
-        for mine, theirs in zip(self.layers, donor.layers, strict=True):
+        for mine, theirs in zip(self.held.layers, donor.layers, strict=True):
             mine.copy_prefix(theirs, best)
-        self._ids[:] = donor._ids[:best]
-        if self._hidden is not None and donor._hidden is not None:
-            self._hidden = donor._hidden[:best].clone()
+        self.held.ids[:] = donor.ids[:best]
+        if self.held.hidden is not None and donor.hidden is not None:
+            self.held.hidden = donor.hidden[:best].clone()
         self.source.reused_tokens += best
         return best
 
@@ -179,7 +198,7 @@ class ModelSequence:
         """Offer a prompt's scores to the model's other sequences (``prefix_scores``):
         ``scored`` (``Run.prompt_logprobs``, each with ``top`` most likely tokens; entry i
         is token i's) as it grows while ``token_ids`` are scored."""
-        self._scores = (top, list(token_ids), scored)
+        self.held.scores = (top, list(token_ids), scored)
 
     def prefix_scores(self, token_ids: Sequence[int], top: int) -> list[TokenLogprob | None]:
         """The scores of the longest prefix of ``token_ids`` that this or another sequence
@@ -189,38 +208,39 @@ class ModelSequence:
         from specdec.backends.base import common_prefix_length
 
         best: list[TokenLogprob | None] = [None]
-        for other in [self, *self._donors()]:
-            if other._scores is None or other._scores[0] != top:
+        for other in [self.held, *self._donors()]:
+            if other.scores is None or other.scores[0] != top:
                 continue
-            _, tokens, scored = other._scores
+            _, tokens, scored = other.scores
             length = common_prefix_length(tokens[: len(scored)], token_ids)
             if length > len(best):
                 best = scored[:length]
         return best
 
-    def _donors(self) -> list[ModelSequence]:
-        """The other sequences ``reuse_prefix`` may copy from (a sequence that keeps
-        features needs a donor that kept them too)."""
+    def _donors(self) -> list[Held]:
+        """What the other sequences ``reuse_prefix`` may copy from hold (a sequence that
+        keeps features needs a donor that kept them too)."""
         return [
             other
             for other in self.source.donors()
-            if other is not self and not (self._hidden is not None and other._hidden is None)
+            if other is not self.held
+            and not (self.held.hidden is not None and other.hidden is None)
         ]
 
     def shareable_prefixes(self) -> list[Sequence[int]]:
         """The token ids this cache and those ``reuse_prefix`` may copy from hold: a prefix
         of any of them costs no rows to have."""
-        return [self._ids, *(other._ids for other in self._donors())]
+        return [self.held.ids, *(other.ids for other in self._donors())]
 
     def _commit(self, token_ids: list[int], features: torch.Tensor) -> None:
-        start, end = len(self._ids), len(self._ids) + len(token_ids)
-        if self._hidden is not None:
-            if self._hidden.shape[0] < end:
-                grown = torch.empty(max(end, 2 * self._hidden.shape[0], 256), features.shape[1])
-                grown[:start] = self._hidden[:start]
-                self._hidden = grown
-            self._hidden[start:end] = features
-        self._ids.extend(token_ids)
+        start, end = len(self.held.ids), len(self.held.ids) + len(token_ids)
+        if self.held.hidden is not None:
+            if self.held.hidden.shape[0] < end:
+                grown = torch.empty(max(end, 2 * self.held.hidden.shape[0], 256), features.shape[1])
+                grown[:start] = self.held.hidden[:start]
+                self.held.hidden = grown
+            self.held.hidden[start:end] = features
+        self.held.ids.extend(token_ids)
 
 
 # A sequence, its new tokens, last_only (None inside forward_many: a part of a longer pass
@@ -257,10 +277,10 @@ class BatchedModel:
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self._alive: weakref.WeakSet[ModelSequence] = weakref.WeakSet()
         self.share_prefixes = share_prefixes
-        self._recent: deque[ModelSequence] = deque(maxlen=self.RECENT if share_prefixes else 0)
+        self._recent: deque[Held] = deque(maxlen=self.RECENT)  # of sequences no longer used
         self.reused_tokens = 0  # prompt tokens copied from another sequence instead of computed
 
-    RECENT = 4  # finished sequences kept as prefix donors (their caches stay in memory)
+    RECENT = 4  # finished sequences whose caches stay in memory as prefix donors
     # The most rows one pass scores; more (a long prompt's prefill) go in consecutive passes,
     # whose rows are the same bits. Chosen on the AMX Xeon (family 6 model 167, 2 threads,
     # int4): prompts of 512 / 1024 / 2048 tokens took the 1.5B 3.12 / 8.46 / 20.7 s in one
@@ -272,15 +292,23 @@ class BatchedModel:
     def sequence(self) -> ModelSequence:
         made = ModelSequence(self)
         self._alive.add(made)
-        self._recent.append(made)
         return made
 
-    def donors(self) -> list[ModelSequence]:
-        """The sequences whose caches a new one may copy a prefix from (none when prefix
-        sharing is off)."""
+    def retire(self, held: Held) -> None:
+        """A sequence is no longer used (its last reference gone): what it held stays a
+        prefix donor until ``RECENT`` later ones have taken its place (a conversation's
+        next turn finds the one before it, however many requests began since). One that
+        holds nothing takes no place."""
+        if held.ids and self.share_prefixes:
+            self._recent.append(held)
+
+    def donors(self) -> list[Held]:
+        """What the sequences alive and the ``RECENT`` no longer used hold: what a new one
+        may copy a prefix from (none when prefix sharing is off)."""
         if not self.share_prefixes:
             return []
-        return [seq for seq in list(self._alive) if seq.cached_token_ids]
+        alive = [seq.held for seq in list(self._alive) if seq.held.ids]
+        return alive + [held for held in list(self._recent) if held.ids]
 
     def forward_many(
         self, work: Sequence[Work], parents: Sequence[int] | None = None
@@ -353,7 +381,9 @@ class BatchedModel:
             starts.append(starts[-1] + len(tokens))
         hidden = self.embed_tokens(torch.tensor([ids], dtype=torch.long))
         rotary = self.rotary_emb(hidden, torch.tensor([positions], dtype=torch.long))
-        segments = [(seq.layers, starts[i], starts[i + 1]) for i, (seq, _, _) in enumerate(work)]
+        segments = [
+            (seq.held.layers, starts[i], starts[i + 1]) for i, (seq, _, _) in enumerate(work)
+        ]
         hidden = self.norm(self.stack.forward(hidden[0], rotary, segments, parents).unsqueeze(0))
         rows = [
             row

@@ -232,8 +232,7 @@ class Scheduler:
 
     def _begin(self, job: Job) -> Run:
         target = self.target_model.sequence()
-        # k = 0 drafts nothing: no drafter, whose draft sequence would take a prefix donor's
-        # place (BatchedModel.RECENT) for nothing
+        # k = 0 drafts nothing: no drafter, nor a draft sequence
         drafter = None if job.spec.k == 0 else self._drafter(job, target)
         controller = None
         if job.spec.adaptive:  # one controller per drafter recipe: what one request learns helps
