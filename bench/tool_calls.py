@@ -171,7 +171,7 @@ def served(args) -> int:
     from openai import OpenAI
     from serving import stop, wait_ready  # bench/serving.py, beside this script
 
-    servers = []  # one a system, so that neither finds the other's caches (BatchedModel.RECENT)
+    servers = []  # one a system, so that neither finds the other's caches (BatchedModel.retire)
     for speculative in (False, True):
         log = open(f"/tmp/tool-calls-serve-{speculative}.log", "w")  # noqa: SIM115
         port = PORT + speculative

@@ -825,6 +825,30 @@ def test_serve_prefill_rows_sets_the_servers_step_budget(tmp_path, capsys):
     assert "--prefill-rows" in error and "no-such-model" not in error
 
 
+def test_serve_prefix_cache_mb_reaches_the_models(tmp_path, capsys):
+    """--prefix-cache-mb N: the memory each batched model keeps for ended requests' caches
+    (the scheduler sets it on target and draft); a negative one is a usage error before
+    anything loads."""
+    from specdec.backends.quant.convert import make_int8_batch_invariant
+    from specdec.cli import build_parser
+    from specdec.cli.serve import server_config as _server_config
+    from specdec.config import DEFAULT_PREFIX_CACHE_MB
+    from specdec.server.scheduler import Scheduler
+
+    def config(*flags):
+        return _server_config(build_parser().parse_args(["serve", *flags]), threads=None)
+
+    assert config().prefix_cache_mb == DEFAULT_PREFIX_CACHE_MB
+    assert config("--prefix-cache-mb", "0").prefix_cache_mb == 0
+    model = make_int8_batch_invariant(tiny_llama(seed=0))
+    scheduler = Scheduler(model, None, model, prefix_cache_mb=3)
+    assert scheduler.batched.keep_bytes == scheduler.draft_batched.keep_bytes == 3 << 20
+    missing = str(tmp_path / "no-such-model")
+    assert exit_code(["serve", "--target", missing, "--prefix-cache-mb", "-1"]) == 2
+    error = capsys.readouterr().err
+    assert "--prefix-cache-mb" in error and "no-such-model" not in error
+
+
 def test_an_error_of_the_machine_is_one_line(model_dirs, tmp_path, capsys):
     """An OSError (here a cache folder under a file) ends in one line and exit 1, not a
     traceback."""

@@ -23,6 +23,10 @@ DEFAULT_PREFILL_ROWS = 64
 # Requests a server lets wait beyond its active ones (a waiting request holds no KV cache):
 # room for a batch of 128 prompts in one request (``server/schemas.py``'s MAX_PROMPTS).
 DEFAULT_MAX_QUEUE = 128
+# Memory each batched model keeps, after their requests end, for the caches that prompts to
+# come may begin like (a conversation's next turn), the oldest dropped first: ~18,000
+# positions of the default target's cache (56 KB each, float32).
+DEFAULT_PREFIX_CACHE_MB = 1024
 
 TREES = ("off", "auto", "full", "deep")
 VERIFICATIONS = ("auto", "rejection", "coupled")

@@ -99,25 +99,49 @@ def test_a_shared_prefix_is_copied_not_computed_and_gives_the_same_bits(int8_mod
     assert d.reuse_prefix(shared) == 0 and other.sequence().reuse_prefix(shared) == 12
 
 
-def test_a_finished_sequence_stays_a_donor_until_later_ones_end(int8_model):
+def test_copied_tokens_count_only_those_a_sequence_did_not_hold(int8_model):
+    """``reused_tokens`` (the server's ``specdec_prefix_reused_tokens_total``): the tokens a
+    copy saved computing, not those the sequence held already."""
+    batched = BatchedModel(int8_model)
+    prompt = random_ids(60, 10)
+    donor, mine = batched.sequence(), batched.sequence()
+    donor.forward(prompt, last_only=True)
+    mine.forward(prompt[:4], last_only=True)
+    assert mine.reuse_prefix(prompt) == 10 and batched.reused_tokens == 6
+    assert mine.reuse_prefix(prompt) == 10 and batched.reused_tokens == 6  # held: no copy
+
+
+def test_finished_sequences_stay_donors_within_the_memory_kept(int8_model):
     """A sequence no longer used stays a donor however many begin after it (a busy server's
-    requests, alive meanwhile), until ``RECENT`` others holding tokens have ended after it;
-    one that held nothing takes no place."""
+    requests, alive meanwhile) while the caches kept fit in ``keep_bytes``, the oldest
+    dropped first; one that held nothing takes no place, and one that the next to end
+    covers (a conversation's turn before) gives its place at once."""
     batched = BatchedModel(int8_model)
     first = batched.sequence()
     first.forward(random_ids(40, 10), last_only=True)
+    size = first.held.nbytes  # every buffer here has its first capacity: the same size
+    assert size > 0
+    batched.keep_bytes = 3 * size
     del first  # its request ended
-    running = [batched.sequence() for _ in range(BatchedModel.RECENT + 4)]
+    running = [batched.sequence() for _ in range(8)]
     for seed, sequence in enumerate(running):  # requests that began since, still going
         sequence.forward([0] + random_ids(50 + seed, 5), last_only=True)  # 0: not in the 10
-    for _ in range(BatchedModel.RECENT + 1):
+    for _ in range(5):
         batched.sequence()  # made and dropped holding nothing
     later = batched.sequence()
     assert later.reuse_prefix(random_ids(40, 10) + [3]) == 10
-    del later  # it ended too, holding that prefix
-    assert batched.sequence().reuse_prefix(random_ids(40, 10)) == 10
-    del running[: BatchedModel.RECENT]  # RECENT others end
+    later.forward([3, 4], last_only=True)  # the next turn goes on from it
+    del later  # it ended holding all the first held, and more: the first gives its place
+    assert len(batched._kept) == 1
+    assert batched.sequence().reuse_prefix(random_ids(40, 10) + [3, 4]) == 12
+    del running[:3]  # three more end: four caches do not fit in three's room
+    assert len(batched._kept) == 3
     assert batched.sequence().reuse_prefix(random_ids(40, 10)) == 0
+    nothing_kept = BatchedModel(int8_model, keep_bytes=0)
+    gone = nothing_kept.sequence()
+    gone.forward(random_ids(40, 10), last_only=True)
+    del gone
+    assert nothing_kept.sequence().reuse_prefix(random_ids(40, 10)) == 0
 
 
 @pytest.fixture(scope="module", params=["int8", "int4"])

@@ -21,28 +21,28 @@ Shared prefixes (``ModelSequence.reuse_prefix``): a new sequence whose tokens be
 another's (a chat template's system prompt, a shared instruction) copies that sequence's keys
 and values for the common prefix instead of computing them. Since every row is computed as
 it would be alone, those are the very bits its own prefill would give. The sequences alive,
-and the few last to end (``BatchedModel.RECENT``), are the donors. A prompt's scores
-(``prompt_logprobs``) are shared the same way (``ModelSequence.prefix_scores``): choices of
-one question scored one after another (lm-evaluation-harness's multiple choice) compute
-their common context once.
+and those last to end (``BatchedModel.retire``, up to ``keep_bytes``), are the donors. A
+prompt's scores (``prompt_logprobs``) are shared the same way
+(``ModelSequence.prefix_scores``): choices of one question scored one after another
+(lm-evaluation-harness's multiple choice) compute their common context once.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from specdec.backends.base import eos_token_ids
+from specdec.backends.base import common_prefix_length, eos_token_ids
 from specdec.backends.kv_buffer import KVBuffer
 from specdec.backends.layer_stack import LayerParts, LayerStack
 from specdec.backends.quant.int4 import RowInt4Linear
 from specdec.backends.quant.int8 import RowInt8Linear
 from specdec.backends.trim import TrimmedHead
+from specdec.config import DEFAULT_PREFIX_CACHE_MB
 from specdec.logprobs import TokenLogprob
 from specdec.tree import check, row_depths
 
@@ -76,6 +76,23 @@ class Held:
     ids: list[int] = field(default_factory=list)
     hidden: torch.Tensor | None = None  # [capacity, hidden] once kept
     scores: tuple[int, list[int], list[TokenLogprob | None]] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """The memory its buffers take (their capacity, not only the positions held)."""
+        hidden = 0 if self.hidden is None else self.hidden.nbytes
+        return hidden + sum(layer.nbytes for layer in self.layers)
+
+    def covers(self, other: Held) -> bool:
+        """Whether a sequence would copy all it could from ``other`` from this instead: its
+        tokens begin with all of ``other``'s, with features where ``other`` has them, and
+        ``other`` keeps no scores."""
+        n = len(other.ids)
+        return (
+            other.scores is None
+            and (other.hidden is None or self.hidden is not None)
+            and common_prefix_length(self.ids, other.ids) == n
+        )
 
 
 class ModelSequence:
@@ -174,9 +191,8 @@ class ModelSequence:
         sequence of the same model holds, copying it from that sequence when that is longer
         than what this one holds; returns its length. Bit for bit what a prefill of those
         tokens would give (every row is computed as alone)."""
-        from specdec.backends.base import common_prefix_length
-
-        best, donor = common_prefix_length(self.held.ids, token_ids), None
+        own = best = common_prefix_length(self.held.ids, token_ids)
+        donor = None
         for other in self._donors():
             length = common_prefix_length(other.ids, token_ids)
             if length > best:
@@ -189,7 +205,7 @@ class ModelSequence:
         self.held.ids[:] = donor.ids[:best]
         if self.held.hidden is not None and donor.hidden is not None:
             self.held.hidden = donor.hidden[:best].clone()
-        self.source.reused_tokens += best
+        self.source.reused_tokens += best - own  # those it did not hold already
         return best
 
     def keep_scores(
@@ -205,8 +221,6 @@ class ModelSequence:
         of the model has scored with ``top`` most likely tokens (``keep_scores``): entry i
         token i's, ``[None]`` where none. On these runtimes the very values a prefill of
         those tokens gives (every row is computed as alone)."""
-        from specdec.backends.base import common_prefix_length
-
         best: list[TokenLogprob | None] = [None]
         for other in [self.held, *self._donors()]:
             if other.scores is None or other.scores[0] != top:
@@ -258,7 +272,13 @@ class BatchedModel:
     >>> logits_a, logits_b = batched.forward_many(work)  # doctest: +SKIP
     """
 
-    def __init__(self, model: Any, tokenizer: Any | None = None, share_prefixes: bool = True):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any | None = None,
+        share_prefixes: bool = True,
+        keep_bytes: int = DEFAULT_PREFIX_CACHE_MB << 20,
+    ):
         if not supports(model):
             raise ValueError(
                 f"{type(model).__name__}: batched decoding needs the int8 or int4 runtime "
@@ -277,10 +297,11 @@ class BatchedModel:
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self._alive: weakref.WeakSet[ModelSequence] = weakref.WeakSet()
         self.share_prefixes = share_prefixes
-        self._recent: deque[Held] = deque(maxlen=self.RECENT)  # of sequences no longer used
+        # what sequences no longer used held, oldest first, at most ``keep_bytes`` in all
+        self.keep_bytes = keep_bytes
+        self._kept: list[Held] = []
         self.reused_tokens = 0  # prompt tokens copied from another sequence instead of computed
 
-    RECENT = 4  # finished sequences whose caches stay in memory as prefix donors
     # The most rows one pass scores; more (a long prompt's prefill) go in consecutive passes,
     # whose rows are the same bits. Chosen on the AMX Xeon (family 6 model 167, 2 threads,
     # int4): prompts of 512 / 1024 / 2048 tokens took the 1.5B 3.12 / 8.46 / 20.7 s in one
@@ -296,19 +317,24 @@ class BatchedModel:
 
     def retire(self, held: Held) -> None:
         """A sequence is no longer used (its last reference gone): what it held stays a
-        prefix donor until ``RECENT`` later ones have taken its place (a conversation's
-        next turn finds the one before it, however many requests began since). One that
-        holds nothing takes no place."""
-        if held.ids and self.share_prefixes:
-            self._recent.append(held)
+        prefix donor (a conversation's next turn finds the turn before it, however many
+        requests began since) while the caches kept take at most ``keep_bytes``, the
+        oldest dropped first; one it covers (``Held.covers``: the turn before) is dropped
+        at once. One that holds nothing, or more than ``keep_bytes``, is not kept."""
+        if not held.ids or not self.share_prefixes or held.nbytes > self.keep_bytes:
+            return
+        kept = [old for old in self._kept if not held.covers(old)] + [held]
+        total = sum(old.nbytes for old in kept)
+        while total > self.keep_bytes:
+            total -= kept.pop(0).nbytes
+        self._kept = kept  # one assignment: a reader in another thread sees old or new
 
     def donors(self) -> list[Held]:
-        """What the sequences alive and the ``RECENT`` no longer used hold: what a new one
-        may copy a prefix from (none when prefix sharing is off)."""
+        """What the sequences alive and those kept after them hold (``retire``): what a
+        new one may copy a prefix from (none when prefix sharing is off)."""
         if not self.share_prefixes:
             return []
-        alive = [seq.held for seq in list(self._alive) if seq.held.ids]
-        return alive + [held for held in list(self._recent) if held.ids]
+        return [seq.held for seq in list(self._alive) if seq.held.ids] + self._kept
 
     def forward_many(
         self, work: Sequence[Work], parents: Sequence[int] | None = None

@@ -36,6 +36,13 @@ class KVBuffer:
     def values(self) -> torch.Tensor | None:
         return None if self._values is None else self._values[:, :, : self.length]
 
+    @property
+    def nbytes(self) -> int:
+        """The memory its buffers take."""
+        if self._keys is None or self._values is None:
+            return 0
+        return self._keys.nbytes + self._values.nbytes
+
     def update(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``keys``/``values``  # [batch, kv_heads, new, head_dim] after the held
         positions; returns views of all held positions."""

@@ -16,7 +16,12 @@ from specdec.arguments import (
     k_value,
     port_value,
 )
-from specdec.config import DEFAULT_MAX_QUEUE, DEFAULT_MAX_ROWS, DEFAULT_PREFILL_ROWS
+from specdec.config import (
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_ROWS,
+    DEFAULT_PREFILL_ROWS,
+    DEFAULT_PREFIX_CACHE_MB,
+)
 from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.runtime import HELP as RUNTIME_HELP
 from specdec.runtime import TRANSFORMERS_DTYPES, runtime_value
@@ -136,6 +141,15 @@ def add_parser(commands) -> None:
         "prompt, is copied: the same bits, less prefill)",
     )
     serve.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=DEFAULT_PREFIX_CACHE_MB,
+        help="batched runtime: memory (MB, each model) kept for the caches of requests that "
+        "ended, so that a prompt beginning like one of them (a conversation's next turn) "
+        f"copies that part; the oldest go first (0: only live requests'; default: "
+        f"{DEFAULT_PREFIX_CACHE_MB})",
+    )
+    serve.add_argument(
         "--max-queue",
         type=int,
         default=DEFAULT_MAX_QUEUE,
@@ -217,9 +231,16 @@ def run(args: argparse.Namespace) -> int:
     from specdec.progress import progress_bar
     from specdec.server.setup import build_app, load_scheduler
 
-    if args.max_active < 1 or args.max_queue < 0 or args.max_rows < 1 or args.prefill_rows < 0:
+    if (
+        args.max_active < 1
+        or args.max_queue < 0
+        or args.max_rows < 1
+        or args.prefill_rows < 0
+        or args.prefix_cache_mb < 0
+    ):
         raise UsageError(
-            "--max-active and --max-rows must be >= 1, --max-queue and --prefill-rows >= 0"
+            "--max-active and --max-rows must be >= 1, --max-queue, --prefill-rows and "
+            "--prefix-cache-mb >= 0"
         )
     if args.replicas is None or args.address is None:  # a Ray cluster joined binds elsewhere
         check_listen(args.host, args.port)  # before the models load, not after
@@ -298,6 +319,7 @@ def server_config(args: argparse.Namespace, threads: int | None):
         batching=args.batching,
         prefix_sharing=args.prefix_sharing,
         prefill_rows=args.prefill_rows or None,
+        prefix_cache_mb=args.prefix_cache_mb,
         threads=threads,
         limits=limits,
         api_key=args.api_key or os.environ.get("SPECDEC_API_KEY") or None,

@@ -37,6 +37,7 @@ from specdec.config import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_MAX_ROWS,
     DEFAULT_PREFILL_ROWS,
+    DEFAULT_PREFIX_CACHE_MB,
     SamplingParams,
     SpecConfig,
 )
@@ -98,6 +99,7 @@ class Scheduler:
         batching: bool = True,
         prefix_sharing: bool = True,
         prefill_rows: int | None = DEFAULT_PREFILL_ROWS,
+        prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
     ):
         """``target_model``, ``draft_model``: ``backends.base.Model``s (each request gets
         its own sequence of them; a transformers module is taken as ``hf.model_of`` makes
@@ -105,7 +107,8 @@ class Scheduler:
         target model; each request gets its own drafter over its own backend.
         ``max_rows``: the rows one batched target pass may score. ``batching=False``:
         requests take turns even on int8 and int4 (for comparison). ``prefix_sharing``:
-        batched requests copy a prompt prefix another one's cache holds. ``prefill_rows``:
+        batched requests copy a prompt prefix another one's cache holds, or one a request
+        that ended left (at most ``prefix_cache_mb`` of those a model). ``prefill_rows``:
         batched, the prompt tokens one step prefills into each model for a joining request
         (None: each joining prompt whole)."""
         target_model, draft_model = _as_model(target_model, tokenizer), _as_model(draft_model)
@@ -119,7 +122,7 @@ class Scheduler:
         )
         for model in (self.batched, self.draft_batched):
             if model is not None:
-                model.share_prefixes = prefix_sharing
+                model.share_prefixes, model.keep_bytes = prefix_sharing, prefix_cache_mb << 20
         self.max_rows, self.prefill_rows = max_rows, prefill_rows
         self.heads = heads or {}
         self.default_drafter: str | None = None  # the recipe "auto" resolved to, if it was

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
-from specdec.config import DEFAULT_MAX_QUEUE, DEFAULT_MAX_ROWS, DEFAULT_PREFILL_ROWS
+from specdec.config import (
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_ROWS,
+    DEFAULT_PREFILL_ROWS,
+    DEFAULT_PREFIX_CACHE_MB,
+)
 from specdec.server.app import create_app
 from specdec.server.guard import Limits
 from specdec.server.scheduler import Scheduler
@@ -34,6 +39,7 @@ class ServerConfig:
     max_rows: int = DEFAULT_MAX_ROWS  # rows one batched target pass may score
     batching: bool = True  # int8/int4: one target pass per step for every active request
     prefix_sharing: bool = True  # batched: copy a prompt prefix another request's cache holds
+    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB  # batched: ended requests' caches kept, a model
     prefill_rows: int | None = DEFAULT_PREFILL_ROWS  # batched: a joiner's prefill a step, a model
     threads: int | None = None  # torch threads (None: torch's default)
     limits: Limits = field(default_factory=Limits)
@@ -112,6 +118,7 @@ def build_scheduler(config: ServerConfig, progress=None) -> Scheduler:
         batching=config.batching,
         prefix_sharing=config.prefix_sharing,
         prefill_rows=config.prefill_rows,
+        prefix_cache_mb=config.prefix_cache_mb,
     )
     scheduler.default_drafter = default_drafter
     return scheduler
