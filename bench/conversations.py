@@ -4,13 +4,14 @@ conversation of several turns, as a chat application's users do.
 python bench/conversations.py [--clients 8] [--turns 4] [--max-tokens 48] [--rounds 2]
                               [--out DIR]
 
-Each client begins with one of the chat workload's questions and, after each reply, sends
+Each client begins with a prompt of the bench's workloads, no two the same (at most 33 in
+all: clients x rounds), and, after each reply, sends
 the whole conversation again with a follow-up (the history grows by its reply and the
 follow-up every turn, so a turn's prompt begins like the one before it and its reply). All
 clients start together, streaming, greedy; --rounds times, each with other questions.
 Reported: wall time of a round, time to first token (p50, p90) of first turns and of later
 turns (a later turn's history can be copied from the cache of the turn before it, where the
-server still holds it: ``BatchedModel.RECENT``), and the prompt tokens the server copied
+server still holds it: ``BatchedModel.retire``), and the prompt tokens the server copied
 instead of computing (``specdec_prefix_reused_tokens_total``) against the prompt tokens
 sent; the replies go to the JSON file (greedy: the same whatever the load or the caches
 copied). Loopback only; the machine should be otherwise idle.
@@ -46,8 +47,14 @@ FOLLOW_UPS = [
 
 
 def questions() -> list[str]:
-    lines = (WORKLOADS / "chat.jsonl").read_text().splitlines()
-    return [json.loads(line)["prompt"] for line in lines]
+    """Every workload's prompts (chat, code, edits, summaries; 33), taken in turn: a
+    conversation's opening, no two the same."""
+    kinds = []
+    for name in ("chat", "code", "edit", "summary"):
+        lines = (WORKLOADS / f"{name}.jsonl").read_text().splitlines()
+        kinds.append([json.loads(line)["prompt"] for line in lines])
+    longest = max(len(kind) for kind in kinds)
+    return [kind[i] for i in range(longest) for kind in kinds if i < len(kind)]
 
 
 def reused_tokens() -> float:
@@ -101,6 +108,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.clients * args.rounds > len(questions()):
+        parser.error(f"--clients x --rounds at most {len(questions())}: no opening twice")
     log = open("/tmp/conversations-serve.log", "w")  # noqa: SIM115
     server = subprocess.Popen(["specdec", "serve", "--port", str(PORT)], stdout=log, stderr=log)
     asked = questions()
@@ -112,7 +121,7 @@ def main() -> int:
         converse(client, model, "Hello!", 1, 8)  # warm up
         for round_ in range(args.rounds):
             start = round_ * args.clients
-            mine = [asked[(start + i) % len(asked)] for i in range(args.clients)]
+            mine = asked[start : start + args.clients]
             copied, began = reused_tokens(), time.perf_counter()
             with ThreadPoolExecutor(args.clients) as pool:
                 talk = lambda q: converse(client, model, q, args.turns, args.max_tokens)  # noqa: E731
