@@ -73,6 +73,18 @@ def test_compare_runs_measures_pairs_side_by_side(model_dirs, capsys):
     assert "expected 1 or more" in capsys.readouterr().err
 
 
+def test_summary_lines_stay_whole_on_a_narrow_console(model_dirs, capsys, monkeypatch):
+    """The summary and the comparison are one line each on stderr however narrow the
+    console (a log reader greps them); the terminal wraps them, not specdec."""
+    target, draft = model_dirs
+    monkeypatch.setenv("COLUMNS", "40")
+    args = ["generate", "hello", "--target", str(target), "--draft", str(draft)]
+    assert main([*args, "--max-tokens", "8", "--dtype", "int8", "-k", "2", "--compare"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert any("tok/s" in line and "finish:" in line for line in lines), lines
+    assert any("plain decoding:" in line and "identical" in line for line in lines), lines
+
+
 def test_generate_json(model_dirs, capsys):
     target, draft = model_dirs
     code = main(

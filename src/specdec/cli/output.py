@@ -194,7 +194,9 @@ def stream_to_terminal(engine: Engine, prompt_ids, params, spec, show_drafts: bo
             sys.stdout.flush()
     sys.stdout.write("\n")
     last = chunks[-1]
-    Console(stderr=True, highlight=False).print(summary_line(last.stats, last.finish_reason))
+    Console(stderr=True, highlight=False).print(
+        summary_line(last.stats, last.finish_reason), soft_wrap=True
+    )  # one line, as the comparison's below it
     return Output.from_chunks(chunks)
 
 
