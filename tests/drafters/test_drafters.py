@@ -3,7 +3,7 @@ engine."""
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from helpers import VOCAB, backend, tiny_llama
@@ -221,6 +221,42 @@ def test_the_draft_reads_a_long_prompts_first_tokens_and_tail(draft_model):
     short = LONG[: SINK + TAIL]  # nothing to skip
     drafter.prepare(short)
     assert drafter.backend.cached_token_ids == short[:-1]
+
+
+def scanned_cuts(context, held, tail):
+    """Every cut whose window begins as a held text does, by scanning the context for each
+    held text: what ``_held_cuts`` finds, in its order."""
+    match, last = ModelDrafter.MATCH, len(context) - tail
+    return [
+        cut
+        for ids in held
+        if len(ids) >= SINK + match and ids[:SINK] == context[:SINK]
+        for cut in range(SINK + 1, last + 1)
+        if context[cut : cut + match] == ids[SINK : SINK + match]
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    context=st.lists(st.integers(0, 2), min_size=SINK + 2, max_size=60),
+    windows=st.lists(st.tuples(st.integers(1, 60), st.lists(st.integers(0, 2))), max_size=5),
+    others=st.lists(st.lists(st.integers(0, 2), max_size=30), max_size=3),
+    tail=st.integers(1, 12),  # prompt_tail >= 1, and _fit asks only for len > SINK + tail
+)
+def test_held_cuts_are_the_scans_cuts_in_its_order(context, windows, others, tail):
+    """Held windows looked up by their first token (one read of the context) give the cuts,
+    and their order (held text by held text, ties to the first), that scanning the context
+    for each held text gives."""
+    assume(len(context) > SINK + tail)
+    # windows the context holds (from a cut on, then text of their own) among other texts
+    held = [  # cuts counted from the end: as many near the tail's
+        context[:SINK] + context[(len(context) - back) % len(context) :] + own
+        for back, own in windows
+    ]
+    held += others
+    drafter = ModelDrafter.__new__(ModelDrafter)
+    drafter.prompt_tail = tail
+    assert drafter._held_cuts(context, held) == scanned_cuts(context, held, tail)
 
 
 def test_a_prompt_prefilled_in_parts_reads_the_tail_in_shares(draft_model):

@@ -130,17 +130,24 @@ class ModelDrafter(StepwiseDrafter):
         """Cuts of ``context`` whose windows begin as one of ``held`` does (its sink, then
         at least ``MATCH`` tokens from the cut on), reading at least ``prompt_tail``."""
         sink, last = self.PROMPT_SINK, len(context) - (self.prompt_tail or 0)
-        cuts = []
-        for ids in held:
-            after = list(ids[sink : sink + self.MATCH])
-            if len(after) < self.MATCH or list(ids[:sink]) != list(context[:sink]):
-                continue
-            cuts += [
-                cut
-                for cut in range(sink + 1, last + 1)
-                if context[cut] == after[0] and list(context[cut : cut + self.MATCH]) == after
-            ]
-        return cuts
+        afters = [
+            list(ids[sink : sink + self.MATCH])
+            for ids in held
+            if len(ids) >= sink + self.MATCH and list(ids[:sink]) == list(context[:sink])
+        ]
+        # where each first token of a window stands in the context, read once (a server
+        # keeps many donors: a scan of the context for each was most of this call's time)
+        firsts = {after[0] for after in afters}
+        starts: dict[int, list[int]] = {}
+        for cut in range(sink + 1, last + 1):
+            if context[cut] in firsts:
+                starts.setdefault(context[cut], []).append(cut)
+        return [
+            cut
+            for after in afters
+            for cut in starts.get(after[0], ())
+            if list(context[cut : cut + self.MATCH]) == after
+        ]
 
     def _seen(self, context: Sequence[int]) -> Sequence[int]:
         """What the draft reads of ``context`` (``_fit``); a context that does not go on
