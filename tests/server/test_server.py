@@ -222,6 +222,46 @@ def test_include_usage_sends_the_usage_in_a_last_event_of_its_own(client, chat):
     assert all(e.usage is None and "usage" not in e.model_fields_set for e in plain[:-1])
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_continuous_usage_stats_counts_each_choice_as_it_grows(client, chat):
+    """vLLM's ``stream_options.continuous_usage_stats`` (with ``include_usage``): every
+    event of a choice carries that choice's prompt tokens and its completion tokens so far
+    (never fewer than before; a chat's first, role-only event 0; its finish all of that
+    choice's), and the request's usage still comes last, alone; without include_usage it
+    changes nothing."""
+    kwargs = dict(model=MODEL, max_tokens=12, temperature=0.9, seed=5, n=2)
+    if chat:
+        create, kwargs["messages"] = (
+            client.chat.completions.create,
+            [{"role": "user", "content": "hello"}],
+        )
+    else:
+        create, kwargs["prompt"] = client.completions.create, "hello"
+    whole = create(**kwargs)
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    with create(**kwargs, stream=True, stream_options=options) as stream:
+        events = list(stream)
+    assert events[-1].choices == [] and events[-1].usage.total_tokens == whole.usage.total_tokens
+    prompt = whole.usage.prompt_tokens  # one prompt, its n choices
+    counts: dict[int, list[int]] = {0: [], 1: []}
+    finishes: dict[int, int] = {}
+    for event in events[:-1]:
+        (choice,) = event.choices
+        usage = event.usage
+        assert usage.prompt_tokens == prompt
+        assert usage.total_tokens == prompt + usage.completion_tokens
+        counts[choice.index].append(usage.completion_tokens)
+        if choice.finish_reason is not None:
+            finishes[choice.index] = usage.completion_tokens
+    for index, seen in counts.items():
+        assert seen == sorted(seen) and seen[-1] == finishes[index], seen
+        assert (seen[0] == 0) if chat else (seen[0] > 0)
+    assert sum(finishes.values()) == whole.usage.completion_tokens
+    with create(**kwargs, stream=True, stream_options={"continuous_usage_stats": True}) as stream:
+        alone_ = list(stream)
+    assert all(e.usage is None for e in alone_[:-1]) and alone_[-1].usage is not None
+
+
 def test_echo_gives_the_prompt_and_its_logprobs_before_each_completion(client, models):
     """echo: each choice's text begins with the prompt; with logprobs its tokens come first,
     their values the engine's ``prompt_logprobs`` (the first null), then the completion's;

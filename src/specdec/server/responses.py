@@ -270,15 +270,21 @@ class StreamEvents:
         text_of: TokenText,
         echoes: Sequence[Echo | None] = (),
         usage_apart: bool = False,
+        running_usage: Sequence[int] | None = None,
     ):
         """``echoes``: the prompt each choice repeats first (``echo``; None: none).
         ``usage_apart``: OpenAI's ``stream_options.include_usage``: every event has
         ``usage`` null, and the usage comes in an event of its own, with no choices, last
-        (``usage``); without it the usage rides on the last choice's finish."""
+        (``usage``); without it the usage rides on the last choice's finish.
+        ``running_usage``: each choice's prompt tokens, for vLLM's
+        ``stream_options.continuous_usage_stats`` (with ``usage_apart``): a choice's every
+        event carries its own counts so far (``count`` adds its tokens as they come)."""
         self.response_id, self.model_name, self.chat = response_id, model_name, chat
         self.replica, self.created = replica, int(time.time())
         self.text_of, self.echoes = text_of, list(echoes)
         self.usage_apart = usage_apart
+        self.running_usage = None if running_usage is None else list(running_usage)
+        self.made: dict[int, int] = {}  # each choice's completion tokens so far
         # of each choice's next token's text in its completion (completions' logprobs)
         self.offsets: dict[int, int] = {}
 
@@ -331,12 +337,24 @@ class StreamEvents:
         deltas = [{"index": i} | call.to_dict() for i, call in enumerate(calls)]
         return self._data({"index": index, "delta": {"tool_calls": deltas}, "finish_reason": None})
 
+    def count(self, index: int, tokens: int) -> None:
+        """Choice ``index`` made ``tokens`` more (``running_usage``'s counts)."""
+        self.made[index] = self.made.get(index, 0) + tokens
+
     def usage(self, extra: dict) -> str:
         """With ``usage_apart``, the stream's last event: no choices, the usage (and the
         other ``extra`` fields)."""
         return self._data(None, extra)
 
     def _data(self, choice: dict | None, extra: dict | None = None) -> str:
+        usage: dict[str, dict | None] = {"usage": None} if self.usage_apart else {}
+        if self.running_usage is not None and choice is not None:
+            prompt, made = self.running_usage[choice["index"]], self.made.get(choice["index"], 0)
+            usage["usage"] = {
+                "prompt_tokens": prompt,
+                "completion_tokens": made,
+                "total_tokens": prompt + made,
+            }
         payload = {
             "id": self.response_id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -344,7 +362,7 @@ class StreamEvents:
             "model": self.model_name,
             "choices": [] if choice is None else [choice],
             "system_fingerprint": self.replica,
-            **({"usage": None} if self.usage_apart else {}),
+            **usage,
             **(extra or {}),
         }
         return f"data: {json.dumps(payload)}\n\n"

@@ -106,7 +106,8 @@ class _Common(_Strict):
         default=None,
         description="include_usage: every chunk has usage null and one more, with no "
         "choices, ends the stream with the usage (without it the last choice's last chunk "
-        "carries the usage)",
+        "carries the usage); with it, continuous_usage_stats (vLLM's): every chunk of a "
+        "choice carries that choice's prompt and completion tokens so far instead of null",
     )
     user: str | None = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)

@@ -223,6 +223,9 @@ class Service:
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         prompt_tokens = sum(len(prompt_ids) for prompt_ids in prompts)
         if body.stream:  # made == n: each job one choice
+            options = body.stream_options or {}
+            usage_apart = bool(options.get("include_usage"))
+            running = usage_apart and bool(options.get("continuous_usage_stats"))
             events = responses.StreamEvents(
                 response_id,
                 self.model_name,
@@ -230,7 +233,10 @@ class Service:
                 self.replica,
                 self.text_of,
                 [echoes[i // made] for i in range(len(jobs))],
-                usage_apart=bool((body.stream_options or {}).get("include_usage")),
+                usage_apart=usage_apart,
+                running_usage=[len(prompts[i // made]) for i in range(len(jobs))]
+                if running
+                else None,
             )
             return StreamingResponse(
                 self.stream(jobs, firsts, ttft, events, prompt_tokens, use),
@@ -510,6 +516,7 @@ class Service:
                         if not choice.chunks and events.echo_of(index) is not None:
                             yield events.echoed(index)
                         choice.chunks.append(item)
+                        events.count(index, len(item.token_ids))
                         text = choice.held.feed(item.text) if choice.held else item.text
                         if text or item.logprobs:
                             yield events.event(text, None, entries=item.logprobs, index=index)
