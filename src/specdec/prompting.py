@@ -101,24 +101,30 @@ def checked_ids(token_ids: list[int], vocab_size: int, what: str = "prompt token
     return list(token_ids)
 
 
-def chat_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-    """Token ids of a conversation, ending with the assistant's turn prompt; ``tools``
-    (OpenAI's function definitions) shown to the model by its template. A tokenizer
-    without a chat template, a template that refuses the messages (its own
+def chat_ids(
+    tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    opens_turn: bool = True,
+    continues: bool = False,
+) -> list[int]:
+    """Token ids of a conversation, ending with the assistant's turn prompt (``opens_turn``),
+    as it stands, or inside its last message (``continues``: the model goes on with its
+    text); ``tools`` (OpenAI's function definitions) shown to the model by its template. A
+    tokenizer without a chat template, a template that refuses the messages (its own
     ``raise_exception``, or any Jinja error), or one that does not show tools is a
     ValueError saying so."""
     import jinja2
 
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template: use raw completion")
+    ending = {"add_generation_prompt": opens_turn, "continue_final_message": continues}
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, **ending)
         if tools:
             plain, ids = (
                 ids,
-                tokenizer.apply_chat_template(
-                    messages, tools=tools, add_generation_prompt=True, tokenize=True
-                ),
+                tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, **ending),
             )
             if list(_ids(ids)) == list(_ids(plain)):
                 raise ValueError("this model's chat template does not show tools to the model")

@@ -471,12 +471,77 @@ def test_tokenize_gives_the_ids_the_completions_give_and_detokenize_their_text(
         ("/detokenize", {"tokens": [0, 10**9]}, "tokens"),
         ("/detokenize", {"tokens": [0], "model": "other"}, "model"),
         ("/tokenize", {"prompt": "x", "messages": messages}, None),
-        ("/tokenize", {"messages": messages, "add_generation_prompt": False}, None),
+        (
+            "/tokenize",
+            {"messages": messages, "continue_final_message": True, "add_generation_prompt": True},
+            None,
+        ),
     ]
     for path, request, param in refused:
         status, error = post(server, path, request)
         assert status == 400, (path, request, error)
         assert param is None or error["error"]["param"] == param, error
+
+
+def test_continue_final_message_goes_on_with_the_last_message(server, client, models):
+    """vLLM's continue_final_message: the prompt ends inside the last message (the
+    template's own rendering, cut after its text; /tokenize gives the same ids) and the
+    reply is what the engine alone makes from there; echo begins its content with that
+    message's text, streamed and not; with add_generation_prompt false the reply is in the
+    last message's role. Both endings at once, or echo with tools, are 400s."""
+    target, draft, tokenizer = models
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hel"}]
+    ids = chat_ids(tokenizer, messages, opens_turn=False, continues=True)
+    assert ids != chat_ids(tokenizer, messages) and tokenizer.decode(ids).endswith("hel")
+    status, tokenized = post(
+        server, "/tokenize", {"messages": messages, "continue_final_message": True}
+    )
+    assert status == 200 and tokenized["tokens"] == ids, tokenized
+    engine = Engine(backend(target, tokenizer), ModelDrafter(backend(draft)))
+    expected = engine.generate(
+        ids, SamplingParams(max_tokens=10, temperature=0.0), SpecConfig(k=3)
+    ).text
+    kwargs = dict(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+    going_on = {"continue_final_message": True}
+    reply = client.chat.completions.create(**kwargs, extra_body=going_on)
+    assert reply.usage.prompt_tokens == len(ids)
+    assert reply.choices[0].message.content == expected
+    echoed = client.chat.completions.create(**kwargs, extra_body=going_on | {"echo": True})
+    assert echoed.choices[0].message.content == "hel" + expected
+    assert echoed.choices[0].message.role == "assistant"
+    events = list(
+        client.chat.completions.create(**kwargs, extra_body=going_on | {"echo": True}, stream=True)
+    )
+    assert events[0].choices[0].delta.role == "assistant"
+    streamed = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
+    assert streamed == "hel" + expected
+    as_user = messages[:1]  # the conversation as it stands, a user's message last
+    user_ids = chat_ids(tokenizer, as_user, opens_turn=False)
+    mine = client.chat.completions.create(
+        model=MODEL,
+        messages=as_user,
+        max_tokens=10,
+        temperature=0,
+        extra_body={"add_generation_prompt": False, "echo": True},
+    )
+    alone_user = engine.generate(
+        user_ids, SamplingParams(max_tokens=10, temperature=0.0), SpecConfig(k=3)
+    ).text
+    assert mine.choices[0].message.role == "user"
+    assert mine.choices[0].message.content == "hi" + alone_user
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    both = {"add_generation_prompt": True}
+    for extra, field in [
+        (going_on | both, "continue_final_message"),
+        ({"echo": True, "tools": [tool]}, "echo"),
+    ]:
+        status, body = post(server, "/v1/chat/completions", kwargs | extra)
+        assert status == 400 and body["error"]["param"] == field, body
+    status, body = post(server, "/tokenize", {"messages": messages} | going_on | both)
+    assert status == 400 and body["error"]["param"] == "continue_final_message", body
+    fine = going_on | {"add_generation_prompt": False, "echo": True, "tools": [tool]}
+    fine["tool_choice"] = "none"
+    assert post(server, "/v1/chat/completions", kwargs | fine)[0] == 200
 
 
 def test_best_of_returns_the_n_completions_most_likely_per_token(client, models):

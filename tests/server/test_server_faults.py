@@ -120,6 +120,34 @@ def test_a_gguf_without_a_chat_template_and_a_template_that_raises_are_value_err
     assert chat_ids(tokenizer, messages) == [2]
 
 
+@pytest.mark.parametrize("reply", ["hel", "hel  ", "  "])
+def test_a_gguf_continues_the_final_message_as_transformers_does(reply):
+    """continue_final_message on llama.cpp's tokenizer: the prompt transformers renders
+    from the same template (cut after the last message's text, a message the template
+    strips included); a message with no text to continue is a ValueError."""
+    from helpers import char_tokenizer
+    from specdec.backends.llamacpp import LlamaCppTokenizer
+
+    template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</s>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": reply}]
+    gguf = object.__new__(LlamaCppTokenizer)
+    gguf.encode = lambda text: list(text)  # type: ignore[method-assign]
+    gguf.chat_template = template
+    hf = char_tokenizer()
+    hf.chat_template = template
+    ending = dict(add_generation_prompt=False, continue_final_message=True, tokenize=False)
+    if not reply.strip():
+        with pytest.raises(ValueError, match="no text to continue"):
+            gguf.apply_chat_template(messages, **ending)
+        return
+    expected = hf.apply_chat_template(messages, **ending)
+    assert "".join(gguf.apply_chat_template(messages, **ending)) == expected
+    assert expected.endswith("<assistant>hel")
+
+
 def test_a_failure_after_the_first_event_ends_the_stream_with_an_error_event(server, monkeypatch):
     # Issue 45.10: the error was re-raised; the client saw a cut stream, no error, no [DONE].
     original = Run.finish_round

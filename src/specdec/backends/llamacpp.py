@@ -35,10 +35,13 @@ class LlamaCppTokenizer:
         add_generation_prompt: bool = True,
         tokenize: bool = True,
         tools: list[dict] | None = None,
+        continue_final_message: bool = False,
     ):
         """The GGUF's chat template, rendered with jinja2 as transformers does (a sandbox,
         ``raise_exception`` for a template's own refusals: jinja2 ``TemplateError``, and its
-        ``tojson``: JSON as ``json.dumps`` writes it, not HTML-escaped as jinja2's own)."""
+        ``tojson``: JSON as ``json.dumps`` writes it, not HTML-escaped as jinja2's own);
+        ``continue_final_message``: cut after the last message's text (as transformers did
+        before its field markers: the text's last place, else its stripped text's)."""
         import json
 
         import jinja2
@@ -66,6 +69,12 @@ class LlamaCppTokenizer:
         text = template.render(
             messages=messages, tools=tools, add_generation_prompt=add_generation_prompt
         )
+        if continue_final_message:
+            if add_generation_prompt:
+                raise ValueError(
+                    "continue_final_message and add_generation_prompt exclude each other"
+                )
+            text = _cut_after(text, messages[-1].get("content") or "")
         return self.encode(text) if tokenize else text
 
     def __len__(self) -> int:
@@ -75,6 +84,20 @@ class LlamaCppTokenizer:
         return self.llama.detokenize(list(token_ids), special=not skip_special_tokens).decode(
             "utf-8", errors="replace"
         )
+
+
+def _cut_after(rendered: str, final: str) -> str:
+    """``rendered`` up to the end of the last place it holds ``final`` (a template may strip
+    a message: then of its stripped text); a template that shows neither is a ValueError."""
+    if not final.strip():
+        raise ValueError("continue_final_message: the last message has no text to continue")
+    for text in (final, final.strip()):
+        at = rendered.rfind(text)
+        if text and at >= 0:
+            return rendered[: at + len(text)]
+    raise ValueError(
+        "continue_final_message: the chat template does not show the last message's text"
+    )
 
 
 class _LlamaCppCache:

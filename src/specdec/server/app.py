@@ -26,8 +26,7 @@ from specdec.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     Detokenize,
-    TokenizeChat,
-    TokenizeText,
+    TokenizeBody,
 )
 from specdec.server.service import Service
 
@@ -127,13 +126,19 @@ def create_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         service.check_cheap(body)
         messages = [m.as_template_message() for m in body.messages]
-        tools = body.template_tools()
+        tools, opens, continues = (
+            body.template_tools(),
+            body.opens_turn(),
+            body.continue_final_message,
+        )
         return await service.serve(
-            body, lambda: [chat_ids(scheduler.tokenizer, messages, tools)], request
+            body,
+            lambda: [chat_ids(scheduler.tokenizer, messages, tools, opens, continues)],
+            request,
         )
 
     @app.post("/tokenize", responses=responses)
-    async def tokenize(body: TokenizeText | TokenizeChat):
+    async def tokenize(body: TokenizeBody):
         """vLLM's: a prompt's (or a conversation's) token ids, as the completions give them."""
         return await service.tokenize(body)
 

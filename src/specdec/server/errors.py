@@ -95,12 +95,12 @@ def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
 
 def _param_name(loc) -> str | None:
     """('body', 'messages', 0, 'content', 'str') -> 'messages[0].content' (pydantic's
-    union tags such as 'str' or 'list[str]' dropped)."""
+    union tags such as 'str', 'list[str]' or a model's name, 'TokenizeChat', dropped)."""
     name = ""
     for part in list(loc)[1:]:
         if isinstance(part, int):
             name += f"[{part}]"
-        elif part.lower() in _TYPE_TAGS or "[" in part or "(" in part:
+        elif part.lower() in _TYPE_TAGS or "[" in part or "(" in part or part[:1].isupper():
             continue
         else:
             name += f".{part}" if name else part

@@ -195,6 +195,7 @@ def completion_body(
     echoes: Sequence[Echo | None] = (),
     made: list[list[Chunk]] | None = None,
     prompt_scores: Sequence[Scored | None] = (),
+    role: str = "assistant",
 ) -> dict:
     """A whole completion (``chat.completion`` or ``text_completion``), one choice per
     chunk list, with ``usage`` (and its speculation) and the ``spec_stats`` extension;
@@ -205,14 +206,14 @@ def completion_body(
     where ``best_of`` returns some (the usage and stats count them all, as OpenAI bills
     them). ``prompt_scores``: each choice's prompt's ``prompt_logprobs`` where the request
     asked for them (vLLM's extension: on each choice of a completion, on a chat
-    completion itself)."""
+    completion itself). ``role``: a chat reply's (``ChatCompletionRequest.reply_role``)."""
     body: dict[str, Any] = {
         "id": response_id,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model_name,
         "choices": [
-            _choice(index, chunks, chat, text_of, use, echoes[index] if echoes else None)
+            _choice(index, chunks, chat, text_of, use, echoes[index] if echoes else None, role)
             for index, chunks in enumerate(choices)
         ],
         "usage": usage(prompt_tokens, made or choices),
@@ -235,13 +236,15 @@ def _choice(
     text_of: TokenText,
     use: ToolUse | None,
     echo: Echo | None,
+    role: str = "assistant",
 ) -> dict:
     text = "".join(c.text for c in chunks)
     finish = chunks[-1].finish_reason or "length"
     entries = None if chunks[0].logprobs is None else [e for c in chunks for e in c.logprobs or []]
-    if chat:
+    if chat:  # an echo (no tools with it) begins the content; its tokens have no logprobs
         logprobs = None if entries is None else chat_logprobs(entries, text_of)
-        message: dict[str, Any] = {"role": "assistant", "content": text}
+        content = text if echo is None else echo.text + text
+        message: dict[str, Any] = {"role": role, "content": content}
         reply, finish = reply_of(text, use, finish)
         if reply is not None:
             message = {
@@ -271,6 +274,7 @@ class StreamEvents:
         echoes: Sequence[Echo | None] = (),
         usage_apart: bool = False,
         running_usage: Sequence[int] | None = None,
+        role: str = "assistant",
     ):
         """``echoes``: the prompt each choice repeats first (``echo``; None: none).
         ``usage_apart``: OpenAI's ``stream_options.include_usage``: every event has
@@ -278,13 +282,15 @@ class StreamEvents:
         (``usage``); without it the usage rides on the last choice's finish.
         ``running_usage``: each choice's prompt tokens, for vLLM's
         ``stream_options.continuous_usage_stats`` (with ``usage_apart``): a choice's every
-        event carries its own counts so far (``count`` adds its tokens as they come)."""
+        event carries its own counts so far (``count`` adds its tokens as they come).
+        ``role``: a chat reply's, told in its first delta."""
         self.response_id, self.model_name, self.chat = response_id, model_name, chat
         self.replica, self.created = replica, int(time.time())
         self.text_of, self.echoes = text_of, list(echoes)
         self.usage_apart = usage_apart
         self.running_usage = None if running_usage is None else list(running_usage)
         self.made: dict[int, int] = {}  # each choice's completion tokens so far
+        self.role = role
         # of each choice's next token's text in its completion (completions' logprobs)
         self.offsets: dict[int, int] = {}
 
@@ -301,7 +307,7 @@ class StreamEvents:
         first one also says the role), the ``logprobs`` of its tokens (``entries``),
         ``finish`` on its last, with ``extra`` fields (usage, spec_stats)."""
         if self.chat:
-            delta = {"role": "assistant", "content": ""} if first_delta else {}
+            delta = {"role": self.role, "content": ""} if first_delta else {}
             delta |= {"content": text} if text else {}
             logprobs = None if entries is None else chat_logprobs(entries, self.text_of)
             choice = {"index": index, "delta": delta, "finish_reason": finish}
@@ -319,6 +325,10 @@ class StreamEvents:
         logprobs where asked for."""
         echo = self.echo_of(index)
         assert echo is not None, "an echoing completion"
+        if self.chat:  # the last message's text, without logprobs
+            return self._data(
+                {"index": index, "delta": {"content": echo.text}, "finish_reason": None}
+            )
         logprobs = None
         echoed = echo.entries()
         if echoed is not None:

@@ -8,9 +8,17 @@ this server does not implement are refused by name, and OpenAI fields with a neu
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from specdec.config import MAX_TOP_LOGPROBS, REPETITION_RANGE, Constraint
 from specdec.server.tools import Function, ToolUse
@@ -392,8 +400,45 @@ class NamedTool(_Strict):
     function: NamedFunction
 
 
-class ChatCompletionRequest(_Common):
+class _Turn(_Strict):
+    """How a conversation's prompt ends (vLLM's fields): with the assistant's turn opened
+    (the default), as the conversation stands, or inside its last message, whose text the
+    model goes on with (a prefill of the reply)."""
+
     messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool | None = Field(
+        default=None,
+        description="end the prompt with the assistant's turn opened (vLLM's; left out: true, "
+        "or false with continue_final_message); false: the conversation as it stands",
+    )
+    continue_final_message: bool = Field(
+        default=False,
+        description="leave the last message open: the model goes on with its text, e.g. the "
+        "beginning of a reply (vLLM's); add_generation_prompt true with it is a 400",
+    )
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _one_ending(cls, value, info):
+        if value and info.data.get("add_generation_prompt"):
+            raise ValueError(
+                "goes on with the last message: add_generation_prompt must be false or left out"
+            )
+        return value
+
+    def opens_turn(self) -> bool:
+        """Whether the prompt ends with the assistant's turn opened."""
+        if self.add_generation_prompt is None:
+            return not self.continue_final_message
+        return self.add_generation_prompt
+
+    def reply_role(self) -> str:
+        """The role of the reply (vLLM's rule): the assistant's where the prompt opens its
+        turn, else the last message's, which the model goes on with or after."""
+        return "assistant" if self.opens_turn() else self.messages[-1].role
+
+
+class ChatCompletionRequest(_Common, _Turn):
     logprobs: bool | None = Field(
         default=None, description="each token's log-probability (raw model)"
     )
@@ -407,6 +452,26 @@ class ChatCompletionRequest(_Common):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     parallel_tool_calls: bool | None = None
+    echo: bool = Field(
+        default=False,
+        description="the reply's content begins with the last message's where that is in the "
+        "reply's role (vLLM's): with continue_final_message, the whole text continued",
+    )
+
+    @field_validator("echo")
+    @classmethod
+    def _echo_without_tools(cls, value, info):
+        if value and info.data.get("tools") and info.data.get("tool_choice") != "none":
+            raise ValueError('goes without tools (or with tool_choice "none")')
+        return value
+
+    def echoed(self) -> str | None:
+        """The text the reply's content begins with (``echo``; None: none)."""
+        last = self.messages[-1]
+        if not self.echo or last.role != self.reply_role():
+            return None
+        assert last.content is None or isinstance(last.content, str)  # parts joined
+        return last.content or ""
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):
@@ -479,18 +544,29 @@ class TokenizeText(_Strict):
         return _valid_text(value, "prompt")
 
 
-class TokenizeChat(_Strict):
+class TokenizeChat(_Turn):
     """vLLM's ``/tokenize`` of a conversation: the ids ``/v1/chat/completions`` gives it
-    (its template, the assistant's turn prompt at the end, ``tools`` shown)."""
+    (its template, ending as ``add_generation_prompt`` / ``continue_final_message`` say,
+    ``tools`` shown)."""
 
     model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
-    add_generation_prompt: Literal[True] = True
     return_token_strs: bool = False
 
     def template_tools(self) -> list[dict] | None:
         return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
+
+
+def _tokenize_kind(body: Any) -> str:
+    """A ``/tokenize`` body with ``messages`` is a conversation's, any other a prompt's (so
+    that a bad one is told what is wrong with it as what it is, not as the other kind)."""
+    return "TokenizeChat" if isinstance(body, dict) and "messages" in body else "TokenizeText"
+
+
+TokenizeBody = Annotated[
+    Annotated[TokenizeText, Tag("TokenizeText")] | Annotated[TokenizeChat, Tag("TokenizeChat")],
+    Discriminator(_tokenize_kind),
+]
 
 
 class Detokenize(_Strict):

@@ -220,6 +220,7 @@ class Service:
             firsts = [responses.prompt_only(first) for first in firsts]
         ttft = time.perf_counter() - jobs[0].submitted
         chat = isinstance(body, ChatCompletionRequest)
+        role = body.reply_role() if isinstance(body, ChatCompletionRequest) else "assistant"
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         prompt_tokens = sum(len(prompt_ids) for prompt_ids in prompts)
         if body.stream:  # made == n: each job one choice
@@ -237,6 +238,7 @@ class Service:
                 running_usage=[len(prompts[i // made]) for i in range(len(jobs))]
                 if running
                 else None,
+                role=role,
             )
             return StreamingResponse(
                 self.stream(jobs, firsts, ttft, events, prompt_tokens, use),
@@ -274,6 +276,7 @@ class Service:
             [scores[i // body.n] for i in range(len(returned))]
             if body.prompt_logprobs is not None
             else (),
+            role,
         )
 
     async def tokenize(self, body: TokenizeText | TokenizeChat) -> dict:
@@ -287,7 +290,13 @@ class Service:
         def encode() -> tuple[list[int], list[str] | None]:
             if isinstance(body, TokenizeChat):
                 messages = [m.as_template_message() for m in body.messages]
-                ids = chat_ids(tokenizer, messages, body.template_tools())
+                ids = chat_ids(
+                    tokenizer,
+                    messages,
+                    body.template_tools(),
+                    body.opens_turn(),
+                    body.continue_final_message,
+                )
             elif body.add_special_tokens:
                 ids = encode_prompt(tokenizer, body.prompt, "raw")
             else:
@@ -338,8 +347,11 @@ class Service:
     ) -> list[responses.Echo | None]:
         """The prompt each of a completion's choices repeats with ``echo``, one a prompt
         (None without echo): its text as given (prompt ids are decoded, off the event
-        loop)."""
-        if not isinstance(body, CompletionRequest) or not body.echo:
+        loop); a chat's, the last message's text where the reply is in its role."""
+        if isinstance(body, ChatCompletionRequest):
+            last = body.echoed()
+            return [None if last is None else responses.Echo(last, prompts[0][0])]
+        if not body.echo:
             return [None for _ in prompts]
         decode = self.scheduler.tokenizer.decode
         echoes: list[responses.Echo | None] = []
