@@ -207,17 +207,46 @@ def test_bad_fields_are_named_in_an_openai_error(server, body, param):
 
 
 @pytest.mark.parametrize(
-    ("body", "message"),
+    ("body", "message", "param"),
     [
-        ({"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
-        ({"logprobs": True, "top_logprobs": 21}, "less than or equal to 20"),
-        ({"logprobs": 3}, "boolean"),
+        ({"top_logprobs": 2}, "top_logprobs needs logprobs: true", "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "less than or equal to 20", "top_logprobs"),
+        ({"logprobs": 3}, "boolean", "logprobs"),
     ],
 )
-def test_bad_chat_logprobs_are_400(server, body, message):
+def test_bad_chat_logprobs_are_400(server, body, message, param):
+    """Each names its field in param, a check across fields (top_logprobs without logprobs)
+    the one its message begins with."""
     messages = [{"role": "user", "content": "hi"}]
     status, payload = post(server, "/v1/chat/completions", {"messages": messages, **body})
     assert status == 400 and message in payload["error"]["message"], payload
+    assert payload["error"]["param"] == param, payload
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),  # 0 goes with echo
+        (
+            {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+            "tool_choice",
+        ),
+        (  # "give tools or response_format ..., not both": it begins with no field
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "response_format": {"type": "json_object"},
+            },
+            None,
+        ),
+    ],
+)
+def test_a_check_across_fields_names_the_field_it_begins_with(server, body, param):
+    """Checks of the whole body name the field their message begins with, where the body
+    has it ("give one of ..." names none)."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    status, payload = post(server, path, body)
+    assert status == 400 and payload["error"]["param"] == param, payload
 
 
 @pytest.mark.parametrize(

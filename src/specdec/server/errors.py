@@ -4,6 +4,9 @@ could not do), and handlers that send every error, FastAPI's own ones included, 
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -78,7 +81,9 @@ def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         message = first.get("msg", "invalid request").removeprefix("Value error, ")
         if first.get("type") == "extra_forbidden":
             message = "not supported by this server"
-        return error_response(400, f"{param}: {message}" if param else message, param)
+        if param is None:  # a check of the whole body: the field its message begins with
+            return error_response(400, message, _named_first(message, error.body))
+        return error_response(400, f"{param}: {message}", param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, error: StarletteHTTPException):
@@ -91,6 +96,15 @@ def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         metrics.requests.labels("error").inc()
         message = f"internal error: {type(error).__name__}: {error}"
         return error_response(500, message, None, "internal_error", "server_error")
+
+
+def _named_first(message: str, body: Any) -> str | None:
+    """The field of ``body`` that ``message`` (a check across fields) names first, as
+    "top_logprobs needs logprobs: true" does; None where it begins otherwise."""
+    word = re.match(r"[a-z_]+", message)
+    if word is None or not isinstance(body, dict) or word.group() not in body:
+        return None
+    return word.group()
 
 
 def _param_name(loc) -> str | None:
