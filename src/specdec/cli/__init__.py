@@ -9,7 +9,7 @@ import sys
 
 from specdec import __version__
 from specdec.arguments import Parser, UsageError
-from specdec.cli import generate, serve, tools
+from specdec.cli import chat, generate, serve, tools
 from specdec.heads import command as heads_command
 from specdec.models import ModelError
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     generate.add_parser(commands)
+    chat.add_parser(commands)
     from specdec.bench import command as bench_command
 
     bench_command.add_parser(commands)
@@ -64,6 +65,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     runs = {
         "generate": generate.run,
+        "chat": chat.run,
         "serve": serve.run,
         "cost": tools.cost,
         "tune": tools.tune,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from specdec.arguments import (
     UsageError,
@@ -29,6 +31,12 @@ from specdec.runtime import (
     runtime_value,
 )
 
+MAX_CHAT_TOKENS = 1024  # a reply's default budget in specdec chat (generate's: 128)
+SHOW_DRAFTS = (
+    "colour tokens: accepted drafts green, rejected drafts red (struck), target-sampled "
+    "(recovered/bonus) blue"
+)
+
 
 def add_parser(commands) -> None:
     generate = commands.add_parser(
@@ -47,12 +55,15 @@ def add_parser(commands) -> None:
     add_generate_arguments(generate)
 
 
-def add_generate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "prompt",
-        help="the prompt text; - reads it from standard input, trailing newlines dropped as "
-        'the shell\'s "$(cat FILE)" drops them (a long prompt: specdec generate - < FILE)',
-    )
+def add_generate_arguments(p: argparse.ArgumentParser, chat: bool = False) -> None:
+    """generate's flags; with ``chat``, those a conversation takes (``specdec chat``: no
+    prompt, template, prediction, suffix, logprobs, comparison or JSON output)."""
+    if not chat:
+        p.add_argument(
+            "prompt",
+            help="the prompt text; - reads it from standard input, trailing newlines dropped as "
+            'the shell\'s "$(cat FILE)" drops them (a long prompt: specdec generate - < FILE)',
+        )
     p.add_argument(
         "--target",
         default=DEFAULT_TARGET,
@@ -170,7 +181,10 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "output follows the target's distribution so changed, with speculation or without",
     )
     p.add_argument(
-        "--max-tokens", type=int, default=128, help="most tokens to generate (default: 128)"
+        "--max-tokens",
+        type=int,
+        default=MAX_CHAT_TOKENS if chat else 128,
+        help=f"most tokens to generate{' a reply' if chat else ''} (default: %(default)s)",
     )
     p.add_argument(
         "--seed",
@@ -225,20 +239,8 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         help="EOS does not end the output (it runs to --max-tokens, a stop string or a "
         "--stop-token-id): for benchmarks of a fixed length",
     )
-    p.add_argument(
-        "--prediction",
-        metavar="FILE",
-        help="predicted output (OpenAI's): a text the output is expected to be, mostly (a "
-        "file regenerated with a few changes); its tokens are drafted, in front of --drafter, "
-        "while the output follows it. The output stays the target's",
-    )
-    p.add_argument(
-        "--suffix",
-        metavar="TEXT",
-        help="fill in the middle: the text after the completion, which is then what goes "
-        "between the prompt and TEXT (the model's fill-in-the-middle tokens, e.g. "
-        "Qwen2.5-Coder's; the prompt is raw text)",
-    )
+    if not chat:
+        _add_single_prompt_arguments(p)
     constrained = p.add_mutually_exclusive_group()
     constrained.add_argument(
         "--json-schema",
@@ -259,6 +261,44 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         help="structured output: the text follows the grammar in FILE (llguidance's Lark syntax)",
     )
     p.add_argument(
+        "--dtype",
+        choices=TRANSFORMERS_DTYPES,
+        default=None,
+        help="runtime precision of both models (default: chosen by --target-runtime auto "
+        "and --draft-runtime auto; int8 where nothing is measured). int8: weights and "
+        "activations in int8 (fbgemm), batch-invariant, so speculative output is "
+        "bit-identical to plain int8 decoding and a k-token verify pass costs about one "
+        "step. int4: 4-bit weights (specdec's kernel, compiled on first use), "
+        "batch-invariant like int8; a step reads 0.6x the bytes, a verify pass costs more "
+        "per extra token. bfloat16: rounds a k-token pass differently from a 1-token step "
+        "(output can differ from plain bf16 at near-ties). float32: the reference "
+        "numerics, slowest",
+    )
+    add_cache_dir(p)
+    if chat:
+        p.add_argument("--show-drafts", action="store_true", help=SHOW_DRAFTS)
+        p.set_defaults(logprobs=None, prompt_logprobs=None, prediction=None, suffix=None)
+        return
+    _add_output_arguments(p)
+
+
+def _add_single_prompt_arguments(p: argparse.ArgumentParser) -> None:
+    """generate's flags about its one prompt: a predicted output, a suffix, logprobs."""
+    p.add_argument(
+        "--prediction",
+        metavar="FILE",
+        help="predicted output (OpenAI's): a text the output is expected to be, mostly (a "
+        "file regenerated with a few changes); its tokens are drafted, in front of --drafter, "
+        "while the output follows it. The output stays the target's",
+    )
+    p.add_argument(
+        "--suffix",
+        metavar="TEXT",
+        help="fill in the middle: the text after the completion, which is then what goes "
+        "between the prompt and TEXT (the model's fill-in-the-middle tokens, e.g. "
+        "Qwen2.5-Coder's; the prompt is raw text)",
+    )
+    p.add_argument(
         "--logprobs",
         type=int,
         default=None,
@@ -275,20 +315,10 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         help="with --json: the same for each prompt token given the ones before it (the "
         "first has none: null), from the prefill, which then keeps every row's logits",
     )
-    p.add_argument(
-        "--dtype",
-        choices=TRANSFORMERS_DTYPES,
-        default=None,
-        help="runtime precision of both models (default: chosen by --target-runtime auto "
-        "and --draft-runtime auto; int8 where nothing is measured). int8: weights and "
-        "activations in int8 (fbgemm), batch-invariant, so speculative output is "
-        "bit-identical to plain int8 decoding and a k-token verify pass costs about one "
-        "step. int4: 4-bit weights (specdec's kernel, compiled on first use), "
-        "batch-invariant like int8; a step reads 0.6x the bytes, a verify pass costs more "
-        "per extra token. bfloat16: rounds a k-token pass differently from a 1-token step "
-        "(output can differ from plain bf16 at near-ties). float32: the reference "
-        "numerics, slowest",
-    )
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """generate's flags about its prompt's template and what it prints."""
     template = p.add_mutually_exclusive_group()
     template.add_argument(
         "--chat",
@@ -319,19 +349,13 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "pair is the run shown and one plain run); prints the median speedup and its "
         "range, steadier on a busy machine than one pair (default 1; more implies --compare)",
     )
-    add_cache_dir(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object: text, token_ids, finish_reason, stats (+ compare)",
     )
-    out.add_argument(
-        "--show-drafts",
-        action="store_true",
-        help="colour tokens: accepted drafts green, rejected drafts red (struck), "
-        "target-sampled (recovered/bonus) blue",
-    )
+    out.add_argument("--show-drafts", action="store_true", help=SHOW_DRAFTS)
     p.epilog = (
         "Prompt template: by default a prompt that looks like code (a def/class/import/#"
         " line, or one ending in ':' '{' '(' or a newline) is completed raw, anything else "
@@ -345,24 +369,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt == "-":  # read now: an empty or unreadable input fails before any loading
         args.prompt = read_stdin_prompt()
 
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        stop=tuple(args.stop),
-        stop_token_ids=tuple(args.stop_token_ids),
-        ignore_eos=args.ignore_eos,
-        min_tokens=args.min_tokens,
-        logprobs=args.logprobs,
-        prompt_logprobs=args.prompt_logprobs,
-        constraint=constraint_of(args),
-        logit_bias=bias_of(args.logit_bias),
-        presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty,
-        repetition_penalty=args.repetition_penalty,
-    )
+    params = sampling_params(args)
     for flag, value in (("--logprobs", args.logprobs), ("--prompt-logprobs", args.prompt_logprobs)):
         if value is not None and not args.json:
             raise UsageError(f"{flag} is printed with --json: add --json")
@@ -370,22 +377,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prediction is not None:
         args.prediction = read_prediction(args.prediction)
         kinds = kinds or ["prediction"]
-    spec = SpecConfig(
-        k=args.k if kinds else 0,
-        max_k=args.max_k,
-        verification=args.verification,
-        tree=args.tree if kinds else "off",
-    )
-    if "ngram" in kinds and not args.ngram_model:
-        raise UsageError(
-            "--drafter ngram needs --ngram-model FILE (make one with 'specdec ngram build')"
-        )
-    check_choice_k(args.drafter, args.k)
-    if args.tree != "off" and "model" not in kinds and kinds != ["auto"]:
-        raise UsageError(
-            "--tree grows draft trees from the draft model's second choices: use --drafter "
-            "model (or a chain with it, lookup+model)"
-        )
+    spec = spec_config(args, kinds)
     engine, prompt_ids = build_engine(args, args.drafter)
     compare_runs = args.compare_runs if args.compare or args.compare_runs > 1 else 0
 
@@ -406,6 +398,50 @@ def run(args: argparse.Namespace) -> int:
                 cli_output.compare_plain(engine, prompt_ids, params, spec, out, compare_runs)
             )
     return 0
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The sampling flags (files read: a constraint's)."""
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=tuple(args.stop),
+        stop_token_ids=tuple(args.stop_token_ids),
+        ignore_eos=args.ignore_eos,
+        min_tokens=args.min_tokens,
+        logprobs=args.logprobs,
+        prompt_logprobs=args.prompt_logprobs,
+        constraint=constraint_of(args),
+        logit_bias=bias_of(args.logit_bias),
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty,
+    )
+
+
+def spec_config(args: argparse.Namespace, kinds: list[str]) -> SpecConfig:
+    """The speculation flags for a drafter of these ``kinds`` (none: plain decoding); a
+    UsageError where they do not go together."""
+    spec = SpecConfig(
+        k=args.k if kinds else 0,
+        max_k=args.max_k,
+        verification=args.verification,
+        tree=args.tree if kinds else "off",
+    )
+    if "ngram" in kinds and not args.ngram_model:
+        raise UsageError(
+            "--drafter ngram needs --ngram-model FILE (make one with 'specdec ngram build')"
+        )
+    check_choice_k(args.drafter, args.k)
+    if args.tree != "off" and "model" not in kinds and kinds != ["auto"]:
+        raise UsageError(
+            "--tree grows draft trees from the draft model's second choices: use --drafter "
+            "model (or a chain with it, lookup+model)"
+        )
+    return spec
 
 
 def bias_of(given: list[str]) -> dict[int, float]:
@@ -451,9 +487,14 @@ def prompt_of(tokenizer, args: argparse.Namespace) -> list[int]:
         raise UsageError(str(error)) from None
 
 
-def build_engine(args: argparse.Namespace, recipe: str):
+def build_engine(
+    args: argparse.Namespace,
+    recipe: str,
+    encode: Callable[[Any, argparse.Namespace], list[int]] | None = None,
+):
     """The engine ``args`` ask for and the prompt's tokens (encoded once the target's
-    tokenizer is loaded: ``--drafter auto`` goes by the prompt's length)."""
+    tokenizer is loaded, by ``encode``, ``prompt_of`` by default: ``--drafter auto`` goes
+    by the prompt's length)."""
     from specdec.backends.compat import check_same_vocabulary
     from specdec.drafters import NGramModel
     from specdec.drafters.prediction import Prediction, PredictionDrafter, predicted_ids
@@ -471,7 +512,7 @@ def build_engine(args: argparse.Namespace, recipe: str):
         target = runtime.load(args.target, args.cache_dir, progress)
         if target.tokenizer is None:
             raise UsageError(f"{args.target} has no tokenizer saved beside it")
-        prompt_ids = prompt_of(target.tokenizer, args)
+        prompt_ids = (encode or prompt_of)(target.tokenizer, args)
         if recipe == "auto":
             from specdec.heads.load import NO_HEADS, auto_recipe
 

@@ -6,7 +6,7 @@ import json
 import statistics
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.measure import Measurement
@@ -182,22 +182,34 @@ def print_json(out: Output, tokenizer: Any = None, **extra: object) -> None:
 
 
 def stream_to_terminal(engine: Engine, prompt_ids, params, spec, show_drafts: bool) -> Output:
-    console = Console(highlight=False, soft_wrap=True)
-    tokenizer = engine.target.tokenizer
     chunks: list[Chunk] = []
     for chunk in engine.stream(prompt_ids, params, spec):
         chunks.append(chunk)
-        if show_drafts:
-            console.print(_coloured(chunk, tokenizer), end="")
-        else:
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
+        write_chunk(chunk, engine.target.tokenizer, show_drafts)
     sys.stdout.write("\n")
-    last = chunks[-1]
-    Console(stderr=True, highlight=False).print(
-        summary_line(last.stats, last.finish_reason), soft_wrap=True
-    )  # one line, as the comparison's below it
+    print_summary(chunks[-1])
     return Output.from_chunks(chunks)
+
+
+def write_chunk(chunk: Chunk, tokenizer: Any, show_drafts: bool, out: TextIO | None = None) -> None:
+    """A round's text as it comes, its tokens coloured by where they came from with
+    ``show_drafts``."""
+    out = out or sys.stdout
+    if show_drafts:
+        Console(file=out, highlight=False, soft_wrap=True).print(
+            _coloured(chunk, tokenizer), end=""
+        )
+    else:
+        out.write(chunk.text)
+        out.flush()
+
+
+def print_summary(last: Chunk, finish_reason: str | None = None) -> None:
+    """The summary line on stderr, one line however narrow the console (as the comparison's
+    below it): the last chunk's totals, its finish reason unless another is given."""
+    Console(stderr=True, highlight=False).print(
+        summary_line(last.stats, finish_reason or last.finish_reason), soft_wrap=True
+    )
 
 
 def _coloured(chunk: Chunk, tokenizer) -> Text:
