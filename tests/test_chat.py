@@ -117,3 +117,24 @@ def test_a_model_without_a_chat_template_is_a_one_line_error(monkeypatch, capsys
     )
     err = capsys.readouterr().err
     assert "no chat template" in err.strip().splitlines()[-1] and "Traceback" not in err, err
+
+
+def test_a_message_past_the_context_is_reported_and_the_chat_goes_on(
+    chat_dirs, monkeypatch, capsys
+):
+    """A turn longer than the model's context (256 positions here) is one error line and
+    is left out of the conversation; the next message is answered as if it had not been."""
+    too_long = "a" * 300
+    assert chat(chat_dirs, monkeypatch, f"ab\n{too_long}\ncd\n") == 0
+    captured = capsys.readouterr()
+    assert "error" in captured.err and "Traceback" not in captured.err
+    first = alone(chat_dirs, [{"role": "user", "content": "ab"}])
+    second = alone(
+        chat_dirs,
+        [
+            {"role": "user", "content": "ab"},
+            {"role": "assistant", "content": first},
+            {"role": "user", "content": "cd"},
+        ],
+    )
+    assert captured.out == f"{first}\n{second}\n"
