@@ -187,20 +187,24 @@ def test_n_choices_are_the_request_with_seed_plus_i_streamed_or_not(client, mode
     assert events[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+def two_choices(client, chat: bool, seed: int):
+    """A sampled request of 2 choices, "hello" as a chat message or a prompt: the
+    client's call and its fields."""
+    kwargs: dict = dict(model=MODEL, max_tokens=12, temperature=0.9, seed=seed, n=2)
+    if chat:
+        kwargs["messages"] = [{"role": "user", "content": "hello"}]
+        return client.chat.completions.create, kwargs
+    kwargs["prompt"] = "hello"
+    return client.completions.create, kwargs
+
+
 @pytest.mark.parametrize("chat", [False, True])
 def test_include_usage_sends_the_usage_in_a_last_event_of_its_own(client, chat):
     """``stream_options.include_usage`` (OpenAI's): every event carries ``usage`` null
     but one more after the choices' last, with no choices, whose usage is the one the
     request gets unstreamed (its tokens, summed over the n choices), ``spec_stats`` with it;
     without it, the usage rides on the last choice's finish, the events before without it."""
-    kwargs = dict(model=MODEL, max_tokens=12, temperature=0.9, seed=3, n=2)
-    if chat:
-        create, kwargs["messages"] = (
-            client.chat.completions.create,
-            [{"role": "user", "content": "hello"}],
-        )
-    else:
-        create, kwargs["prompt"] = client.completions.create, "hello"
+    create, kwargs = two_choices(client, chat, seed=3)
     whole = create(**kwargs)
     options = {"include_usage": True}
     with create(**kwargs, stream=True, stream_options=options) as stream:
@@ -229,14 +233,7 @@ def test_continuous_usage_stats_counts_each_choice_as_it_grows(client, chat):
     (never fewer than before; a chat's first, role-only event 0; its finish all of that
     choice's), and the request's usage still comes last, alone; without include_usage it
     changes nothing."""
-    kwargs = dict(model=MODEL, max_tokens=12, temperature=0.9, seed=5, n=2)
-    if chat:
-        create, kwargs["messages"] = (
-            client.chat.completions.create,
-            [{"role": "user", "content": "hello"}],
-        )
-    else:
-        create, kwargs["prompt"] = client.completions.create, "hello"
+    create, kwargs = two_choices(client, chat, seed=5)
     whole = create(**kwargs)
     options = {"include_usage": True, "continuous_usage_stats": True}
     with create(**kwargs, stream=True, stream_options=options) as stream:
