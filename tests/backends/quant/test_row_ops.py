@@ -108,6 +108,37 @@ def test_each_row_op_gives_a_row_the_same_bits_in_a_block(ops, threads, rows):
             assert torch.equal(attended[i], alone[0]), f"row {i}, {count} threads"
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(12, 2, 128), (14, 2, 64)])
+def test_rows_over_a_long_cache_read_together_give_each_row_its_own_bits(ops, heads, kv_heads, dim):
+    """Causal rows read a kv head's cache together, in blocks of up to 16 rows and its values
+    in tiles of 256 positions (the 1.5B's and the 0.5B's head shapes, a context of 1,100
+    positions, neither a multiple of a tile or a block): each row equals itself alone, and
+    the path of a chain-shaped draft tree (its keys gathered, as rows were read one by one
+    before), bit for bit, at 1-8 threads."""
+    positions = 1100
+    keys, values = (
+        randn(kv_heads, positions, dim, seed=21),
+        randn(kv_heads, positions, dim, seed=22),
+    )
+    for rows in (1, 8, 33):
+        query = randn(rows, heads, dim, seed=23 + rows, scale=2.0)
+        chain = list(range(-1, rows - 1))  # each row under the one before: the causal rows
+        for count in THREADS:
+            torch.set_num_threads(count)
+            attended = ops.causal_attention(query, keys, values, dim**-0.5)
+            assert torch.equal(
+                attended, ops.causal_attention(query, keys, values, dim**-0.5, chain)
+            )
+            for i in sorted({0, rows // 2, rows - 1}):
+                end = positions - rows + i + 1
+                alone = ops.causal_attention(
+                    query[i : i + 1], keys[:, :end], values[:, :end], dim**-0.5
+                )
+                assert torch.equal(attended[i], alone[0]), f"row {i} of {rows}, {count} threads"
+    expected = attention_reference(query, keys, values, dim**-0.5)
+    torch.testing.assert_close(attended, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_attention_reads_views_of_a_larger_buffer_as_their_copies(ops):
     buffer_k, buffer_v = randn(2, 512, 128, seed=13), randn(2, 512, 128, seed=14)
     query = randn(3, 12, 128, seed=15)

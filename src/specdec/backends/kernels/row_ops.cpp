@@ -39,6 +39,9 @@ constexpr int kMaxGroup = 16;  // query heads a kv head's group takes at a time 
 // Query heads whose values add in one sweep (add_values_group): six 16-lane sums and the
 // value's block are 7 AVX-512 registers, or 14 of AVX2's 16 (two halves each): no spills.
 constexpr int kValueHeads = 6;
+// Causal query rows of a pass that read a kv head's cache together (attention_into): at
+// most 16, so that a block's scores stay a few megabytes at long contexts.
+constexpr int64_t kRowBlock = 16;
 
 // 8 partial sums combined as ((0+4)+(1+5))+((2+6)+(3+7)).
 inline float lane_sum(const float* acc) {
@@ -343,6 +346,63 @@ SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
   }
 }
 
+// add_values_group over the values in tiles of kValueTile positions: each tile's values are
+// read from memory once for all `group` heads (kValueHeads at a time from L2), where one sweep
+// of all of them per six heads read a long context's values again from memory for each six.
+// Every element still takes its sums one by one in order of j: the same bits.
+constexpr int64_t kValueTile = 256;  // 128 KB of a kv head's values at d = 128
+__attribute__((always_inline)) inline void add_values_tiled(const float* p, int64_t p_stride,
+                                                            int64_t group, const float* values,
+                                                            int64_t n, int64_t d, float* o) {
+  for (int64_t j = 0; j < n; j += kValueTile) {
+    add_values_group(p + j, p_stride, group, values + j * d, std::min(kValueTile, n - j), d, o);
+  }
+}
+
+// The causal query rows r0 .. r1 - 1 of the `group` heads that share one kv head: row r
+// attends to the first held + r + 1 positions. The keys and values all of them attend to (the
+// first held + r0 + 1) are read once for the block, for all its rows' heads at a time, then
+// each row's own few after them: each row-head's scores, softmax and sums are the numbers
+// attend computes for that row alone, in the same order (a key's score does not depend on
+// the heads beside it, the values add in order of j), so the same bits. Where each row read
+// the whole cache anew, a pass of 8 rows over 4,096 positions read the 1.5B's caches 8 times
+// (57 KB a position; bench/results/2026-12-07-attention-rows-zen4-epyc-avx512).
+// q: the rows' query heads gathered, [rows][group][d]; scores: room for rows * group *
+// (held + r1) floats; out: [rows][group][d], written.
+SPECDEC_CLONES void attend_rows(const float* q, int64_t rows, int64_t group, const float* keys,
+                                const float* values, int64_t shared, int64_t d, float scaling,
+                                float* scores, float* out) {
+  const int64_t heads = rows * group, stride = shared + rows - 1;
+  key_scores(q, heads, keys, shared, d, scaling, scores, stride);
+  for (int64_t i = 1; i < rows; ++i) {  // row i's own i positions after the shared ones
+    key_scores(q + i * group * d, group, keys + shared * d, i, d, scaling,
+               scores + i * group * stride + shared, stride);
+  }
+  std::vector<float> totals(heads);
+  for (int64_t h = 0; h < heads; ++h) {
+    float* s = scores + h * stride;
+    const int64_t end = shared + h / group;
+    const float top = largest(s, end);
+    int64_t e = 0;
+    for (; e + 16 <= end; e += 16) store(s + e, exp16(load<F16>(s + e) - top));
+    for (; e + 8 <= end; e += 8) store(s + e, exp8(load<F8>(s + e) - top));
+    for (; e < end; ++e) s[e] = exp_one(s[e] - top);
+    float total = 0.0f;  // summed in order of j, as attend sums each head's
+    for (int64_t j = 0; j < end; ++j) total += s[j];
+    totals[h] = total;
+  }
+  std::fill_n(out, heads * d, 0.0f);
+  add_values_tiled(scores, stride, heads, values, shared, d, out);
+  for (int64_t i = 1; i < rows; ++i) {
+    add_values_group(scores + i * group * stride + shared, stride, group, values + shared * d, i,
+                     d, out + i * group * d);
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    const float inverse = 1.0f / totals[h];
+    for (int64_t i = 0; i < d; ++i) out[h * d + i] *= inverse;
+  }
+}
+
 void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), name,
               ": [rows, n] float32, contiguous");
@@ -460,6 +520,34 @@ void attention_into(const float* qd, int64_t rows, int64_t heads, int64_t d, con
     }
   }
   const int64_t group = heads / kv_heads;
+  if (parents.empty()) {  // causal rows: blocks of rows, each over a kv head read once
+    const int64_t threads = at::get_num_threads();
+    const int64_t blocks = std::min(
+        rows, std::max<int64_t>((rows + kRowBlock - 1) / kRowBlock,
+                                (threads + kv_heads - 1) / kv_heads));
+    const int64_t size = (rows + blocks - 1) / blocks;
+    at::parallel_for(0, blocks * kv_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> q, scores, out;
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t r0 = item / kv_heads * size, kv = item % kv_heads;
+        const int64_t n = std::min(size, rows - r0);
+        if (n <= 0) continue;
+        q.resize(n * group * d);
+        out.resize(n * group * d);
+        scores.resize(n * group * (held + r0 + n));
+        const int64_t width = group * d;  // a row's heads of this kv head
+        for (int64_t i = 0; i < n; ++i) {
+          std::copy_n(qd + ((r0 + i) * heads + kv * group) * d, width, q.data() + i * width);
+        }
+        attend_rows(q.data(), n, group, kd + kv * k_stride, vd + kv * v_stride, held + r0 + 1, d,
+                    static_cast<float>(scaling), scores.data(), out.data());
+        for (int64_t i = 0; i < n; ++i) {
+          std::copy_n(out.data() + i * width, width, o + ((r0 + i) * heads + kv * group) * d);
+        }
+      }
+    });
+    return;
+  }
   at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(group * positions);
     std::vector<float> path_keys(parents.empty() ? 0 : tree * d),
