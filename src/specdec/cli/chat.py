@@ -112,7 +112,7 @@ class Conversation:
         asked = [*self.messages, {"role": "user", "content": text}]
         try:
             prompt_ids = chat_ids(self.engine.target.tokenizer, asked)
-            reply, chunks = "", []
+            reply, chunks, stopped = "", [], False
             with _ctrl_c_stops() as stop:
                 stream = self.engine.stream(prompt_ids, self.params, self.spec)
                 try:
@@ -120,7 +120,8 @@ class Conversation:
                         chunks.append(chunk)
                         reply += chunk.text
                         write_chunk(chunk, self.engine.target.tokenizer, self.show_drafts, self.out)
-                        if stop.asked:
+                        if stop.asked and chunk.finish_reason is None:
+                            stopped = True  # the reply had more to come
                             break
                 finally:
                     stream.close()  # between rounds: the caches hold whole rounds
@@ -130,7 +131,7 @@ class Conversation:
         self.out.write("\n")
         self.out.flush()
         if chunks:
-            print_summary(chunks[-1], "stopped" if stop.asked else None)
+            print_summary(chunks[-1], "stopped" if stopped else None)
         self.messages = [*asked, {"role": "assistant", "content": reply}]
 
 
