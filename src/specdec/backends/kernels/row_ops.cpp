@@ -302,6 +302,16 @@ __attribute__((always_inline)) inline void add_values_group(const float* p, int6
   }
 }
 
+// A head's scores s[0 .. end) in place as exp(s - max s): 16 lanes, then 8, then one at a
+// time from the start, so a head's numbers are the same in attend and attend_rows.
+__attribute__((always_inline)) inline void exp_from_top(float* s, int64_t end) {
+  const float top = largest(s, end);
+  int64_t e = 0;
+  for (; e + 16 <= end; e += 16) store(s + e, exp16(load<F16>(s + e) - top));
+  for (; e + 8 <= end; e += 8) store(s + e, exp8(load<F8>(s + e) - top));
+  for (; e < end; ++e) s[e] = exp_one(s[e] - top);
+}
+
 // The query rows of the `group` heads that share one kv head, at one position:
 // softmax(q.k * scaling) v for each, over the `held` keys and values of the buffer and then
 // `n_path` more in a row (a draft tree's row: its path's own, gathered; none for a causal
@@ -317,14 +327,7 @@ SPECDEC_CLONES void attend(const float* q, int64_t group, const float* keys,
   const int64_t end = held + n_path;
   key_scores(q, group, keys, held, d, scaling, scores, end);
   key_scores(q, group, path_keys, n_path, d, scaling, scores + held, end);
-  for (int64_t g = 0; g < group; ++g) {
-    float* s = scores + g * end;
-    const float top = largest(s, end);
-    int64_t e = 0;
-    for (; e + 16 <= end; e += 16) store(s + e, exp16(load<F16>(s + e) - top));
-    for (; e + 8 <= end; e += 8) store(s + e, exp8(load<F8>(s + e) - top));
-    for (; e < end; ++e) s[e] = exp_one(s[e] - top);
-  }
+  for (int64_t g = 0; g < group; ++g) exp_from_top(scores + g * end, end);
   // Each head's total summed in order of j; the heads' sums side by side (one chain each).
   for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {
     const int64_t heads = std::min<int64_t>(kMaxGroup, group - g0);
@@ -382,11 +385,7 @@ SPECDEC_CLONES void attend_rows(const float* q, int64_t rows, int64_t group, con
   for (int64_t h = 0; h < heads; ++h) {
     float* s = scores + h * stride;
     const int64_t end = shared + h / group;
-    const float top = largest(s, end);
-    int64_t e = 0;
-    for (; e + 16 <= end; e += 16) store(s + e, exp16(load<F16>(s + e) - top));
-    for (; e + 8 <= end; e += 8) store(s + e, exp8(load<F8>(s + e) - top));
-    for (; e < end; ++e) s[e] = exp_one(s[e] - top);
+    exp_from_top(s, end);
     float total = 0.0f;  // summed in order of j, as attend sums each head's
     for (int64_t j = 0; j < end; ++j) total += s[j];
     totals[h] = total;
@@ -548,27 +547,21 @@ void attention_into(const float* qd, int64_t rows, int64_t heads, int64_t d, con
     });
     return;
   }
+  // A tree's rows, one at a time: the path's keys and values gathered after the prefix's.
   at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(group * positions);
-    std::vector<float> path_keys(parents.empty() ? 0 : tree * d),
-        path_values(parents.empty() ? 0 : tree * d);
+    std::vector<float> scores(group * positions), path_keys(tree * d), path_values(tree * d);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t r = item / kv_heads, kv = item % kv_heads;
       const int64_t first = (r * heads + kv * group) * d;  // the group's first query head
       const float *k_head = kd + kv * k_stride, *v_head = vd + kv * v_stride;
-      if (parents.empty()) {
-        attend(qd + first, group, k_head, v_head, held + r + 1, nullptr, nullptr, 0, d,
-               static_cast<float>(scaling), scores.data(), o + first);
-      } else {  // the path's keys and values gathered after the prefix's
-        const int64_t t = tree_held + r, n = lengths[t];
-        for (int64_t p = 0; p < n; ++p) {
-          const int64_t at = held + paths[t * tree + p];
-          std::copy_n(k_head + at * d, d, path_keys.data() + p * d);
-          std::copy_n(v_head + at * d, d, path_values.data() + p * d);
-        }
-        attend(qd + first, group, k_head, v_head, held, path_keys.data(), path_values.data(), n,
-               d, static_cast<float>(scaling), scores.data(), o + first);
+      const int64_t t = tree_held + r, n = lengths[t];
+      for (int64_t p = 0; p < n; ++p) {
+        const int64_t at = held + paths[t * tree + p];
+        std::copy_n(k_head + at * d, d, path_keys.data() + p * d);
+        std::copy_n(v_head + at * d, d, path_values.data() + p * d);
       }
+      attend(qd + first, group, k_head, v_head, held, path_keys.data(), path_values.data(), n, d,
+             static_cast<float>(scaling), scores.data(), o + first);
     }
   });
 }
